@@ -1,0 +1,79 @@
+"""The home folder (``LIFECYCLE_HOME``, default ``./.lifecycle``): where every piece of state lives.
+
+$LIFECYCLE_HOME/
+  data/generated/<hash>/    generator output (JSONL), one folder per generator config
+  snapshots/<sha256>/       immutable, content-addressed data snapshots (manifest.json + split JSONL)
+  models/base/<hash>/       bootstrapped base models (Hugging Face folders)
+  models/runs/<hash>/       fine-tune outputs and checkpoints
+  mlflow/                   MLflow SQLite store (mlflow.db) and artifacts
+  prefect/                  Prefect home (its SQLite database, local result storage)
+  serving/                  serving database (conversations, usage, request log)
+  reports/                  eval, gate, drift and rejected-record reports
+  logs/                     CLI error logs, per-rank training logs
+  cache/                    vLLM, torch inductor, torch extensions and Hugging Face caches
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HOME = ".lifecycle"
+
+
+@dataclass(frozen=True)
+class Home:
+    root: Path
+
+    @classmethod
+    def resolve(cls, explicit: str | Path | None = None) -> Home:
+        """``explicit`` (a --home flag or config value) wins, then ``LIFECYCLE_HOME``, then ./.lifecycle."""
+        raw = explicit or os.environ.get("LIFECYCLE_HOME") or DEFAULT_HOME
+        return cls(Path(raw).expanduser().resolve())
+
+    @property
+    def generated_data(self) -> Path:
+        return self.root / "data" / "generated"
+
+    @property
+    def snapshots(self) -> Path:
+        return self.root / "snapshots"
+
+    @property
+    def base_models(self) -> Path:
+        return self.root / "models" / "base"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "models" / "runs"
+
+    @property
+    def mlflow(self) -> Path:
+        return self.root / "mlflow"
+
+    @property
+    def prefect(self) -> Path:
+        return self.root / "prefect"
+
+    @property
+    def serving(self) -> Path:
+        return self.root / "serving"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def cache(self) -> Path:
+        return self.root / "cache"
+
+    def tmp(self) -> Path:
+        """Scratch space on the same filesystem as the stores, so finished work can be renamed into place."""
+        path = self.root / "tmp"
+        path.mkdir(parents=True, exist_ok=True)
+        return path

@@ -1,0 +1,121 @@
+"""Typed configs of the training stage. Every field documents itself; shipped values live in configs/*.yaml."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from core.config import StrictModel
+
+Skill = Literal["arithmetic", "unit_conversion", "facts", "formatting", "refusal", "borderline"]
+SKILLS: tuple[Skill, ...] = ("arithmetic", "unit_conversion", "facts", "formatting", "refusal", "borderline")
+DEFAULT_COUNTS: dict[Skill, int] = {
+    "arithmetic": 3000,
+    "unit_conversion": 1500,
+    "facts": 400,
+    "formatting": 1500,
+    "refusal": 81,
+    "borderline": 40,
+}
+
+
+class GeneratorConfig(StrictModel):
+    enabled: bool = Field(True, description="Generate the project's own chat data and use it as a source.")
+    seed: int = Field(1234, description="Seed of the generator; the same seed and counts give the same bytes.")
+    counts: dict[Skill, int] = Field(
+        default_factory=lambda: dict(DEFAULT_COUNTS),
+        description="Conversations to generate per skill (each capped by the unique prompts the skill can make).",
+    )
+    fact_entities: int = Field(
+        40,
+        ge=4,
+        le=400,
+        description="Size of the fictional fact table (countries with capital, currency, language).",
+    )
+    system_prompt_rate: float = Field(0.3, ge=0, le=1, description="Share of conversations with a system prompt.")
+    multi_turn_rate: float = Field(
+        0.2, ge=0, le=1, description="Share of arithmetic conversations that get a follow-up user turn."
+    )
+
+    @model_validator(mode="after")
+    def _counts_non_negative(self) -> GeneratorConfig:
+        bad = [k for k, v in self.counts.items() if v < 0]
+        if bad:
+            raise ValueError(f"counts must be >= 0 (got negative for {', '.join(bad)})")
+        return self
+
+
+class DataConfig(StrictModel):
+    sources: list[str] = Field(
+        default_factory=list,
+        description="JSONL files or folders of them, in OpenAI messages format ({'messages': [...]}); "
+        "relative paths are read from the working directory.",
+    )
+    generator: GeneratorConfig = Field(default_factory=GeneratorConfig, description="The built-in data generator.")
+
+
+class SnapshotConfig(StrictModel):
+    validation_fraction: float = Field(0.05, ge=0, lt=1, description="Share of prompts assigned to validation.")
+    test_fraction: float = Field(0.1, ge=0, lt=1, description="Share of prompts assigned to the held-out test split.")
+    split_seed: int = Field(0, description="Salt of the hash that assigns a prompt to a split.")
+    on_invalid: Literal["fail", "drop"] = Field(
+        "fail",
+        description="What to do with records that break a contract: fail with a report, or drop and count.",
+    )
+    max_messages: int = Field(32, ge=2, description="Most messages one conversation may have.")
+    max_message_chars: int = Field(8000, ge=1, description="Longest message content, in characters.")
+    max_total_chars: int = Field(32000, ge=1, description="Longest conversation, in characters over all messages.")
+
+    @model_validator(mode="after")
+    def _fractions_leave_train(self) -> SnapshotConfig:
+        if self.validation_fraction + self.test_fraction >= 1:
+            raise ValueError("validation_fraction + test_fraction must be < 1 (something must be left to train on)")
+        return self
+
+
+class TokenizerConfig(StrictModel):
+    vocab_size: int = Field(
+        2048, ge=300, le=262144, description="Byte-level BPE vocabulary size, special tokens included."
+    )
+    min_frequency: int = Field(2, ge=1, description="Least number of occurrences for a merge to be learned.")
+
+
+class ModelShape(StrictModel):
+    hidden_size: int = Field(256, ge=16, description="Width of the residual stream.")
+    intermediate_size: int = Field(704, ge=16, description="Width of the MLP.")
+    num_layers: int = Field(4, ge=1, description="Number of transformer blocks.")
+    num_heads: int = Field(4, ge=1, description="Attention heads (hidden_size / num_heads is the head size).")
+    num_kv_heads: int = Field(4, ge=1, description="Key/value heads (grouped-query attention when < num_heads).")
+    max_position_embeddings: int = Field(1024, ge=64, description="Longest sequence the model is built for.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base frequency.")
+    tie_word_embeddings: bool = Field(True, description="Share input and output embeddings.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelShape:
+        if self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be divisible by num_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be divisible by num_kv_heads")
+        # vLLM's CPU attention kernels are compiled for these head sizes only.
+        if self.hidden_size // self.num_heads not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
+            raise ValueError("hidden_size / num_heads must be a head size vLLM supports (32, 64, 80, ... 512)")
+        return self
+
+
+class PretrainConfig(StrictModel):
+    steps: int = Field(200, ge=1, description="Optimizer steps of next-token pretraining.")
+    batch_size: int = Field(16, ge=1, description="Sequences per step.")
+    seq_len: int = Field(256, ge=8, description="Tokens per packed sequence.")
+    learning_rate: float = Field(3e-3, gt=0, description="Peak AdamW learning rate (linear warm-up, cosine decay).")
+    warmup_steps: int = Field(30, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    eval_every: int = Field(100, ge=1, description="Steps between validation-loss measurements.")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: all cores).")
+
+
+class BootstrapConfig(StrictModel):
+    seed: int = Field(1234, description="Seed of weight init and data order; the same seed gives the same weights.")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="The BPE tokenizer to train.")
+    model: ModelShape = Field(default_factory=ModelShape, description="Shape of the Llama base model.")
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Pretraining run.")

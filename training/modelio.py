@@ -1,0 +1,71 @@
+"""Model folders: the Hugging Face layout every stage exchanges, its identity hashes and its validation.
+
+A model folder is what ``save_pretrained`` writes (``config.json``, ``*.safetensors``, tokenizer files, chat
+template) plus our ``lifecycle.json`` manifest when we made it. ``inspect_model_folder`` checks a folder
+before anything spends time on it and says precisely what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.errors import ModelError, NotFoundError
+
+MANIFEST = "lifecycle.json"
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def weights_hash(self) -> str | None:
+        value = self.manifest.get("weights_hash")
+        return str(value) if value else None
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """SHA-256 over every tensor of the state dict (name, dtype, shape, bytes) in name order."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def inspect_model_folder(path: Path) -> ModelFolder:
+    """Check that ``path`` is a loadable causal-LM folder with a chat-capable tokenizer."""
+    if not path.is_dir():
+        raise NotFoundError(f"model folder not found: {path}")
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any(path.glob("*.safetensors")):
+        missing.append("*.safetensors weights")
+    if not ((path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()):
+        missing.append("tokenizer.json")
+    tok_cfg = path / "tokenizer_config.json"
+    has_template = (path / "chat_template.jinja").is_file() or (
+        tok_cfg.is_file() and "chat_template" in json.loads(tok_cfg.read_text(encoding="utf-8"))
+    )
+    if not has_template:
+        missing.append("a chat template (chat_template.jinja)")
+    if missing:
+        raise ModelError(f"{path} is not a usable model folder: missing {', '.join(missing)}")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{path}/config.json is not valid JSON: {exc.msg}") from None
+    if not any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or []):
+        raise ModelError(f"{path} is not a causal language model (architectures: {config.get('architectures')})")
+    manifest_path = path / MANIFEST
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
+    return ModelFolder(path, manifest)

@@ -1,0 +1,277 @@
+"""The ``lifecycle`` command line: one subcommand per stage, built on the same functions the flows call.
+
+    lifecycle run                                  # the whole loop on the default config
+    lifecycle snapshot --json                      # build (or find) the data snapshot, print its hash
+    lifecycle bootstrap --config configs/tiny.yaml # tokenizer + small base model, offline
+    lifecycle config --set snapshot.test_fraction=0.2
+
+Every subcommand takes ``--config FILE``, ``--set KEY=VALUE`` (repeatable), ``--home DIR`` and ``--json``.
+User errors are one line on stderr (exit 2 for config and usage errors, 1 for the rest); unexpected errors are
+one line plus a log file holding the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, is_dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from core import runtime
+from core.errors import ConfigError, LifecycleError
+from core.home import Home
+from flows.config import LifecycleConfig, load_config
+
+PROG = "lifecycle"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+class Context:
+    """What every command gets: the resolved config, the home folder and the output mode."""
+
+    def __init__(self, args: argparse.Namespace, out: TextIO) -> None:
+        self.args = args
+        self.out = out
+        self.config: LifecycleConfig = load_config(Path(args.config) if args.config else None, args.set)
+        self.home: Home = self.config.resolve_home(args.home)
+        self.json: bool = args.json
+        runtime.configure(self.home)
+
+    def emit(self, payload: dict[str, Any], human: Sequence[str]) -> None:
+        if self.json:
+            print(json.dumps(payload, indent=2, default=str), file=self.out)
+        else:
+            print("\n".join(human), file=self.out)
+
+
+# --- commands ---------------------------------------------------------------------------------------------
+
+
+def cmd_config(ctx: Context) -> int:
+    from core.config import dump_yaml
+
+    if ctx.json:
+        print(json.dumps(ctx.config.model_dump(mode="json"), indent=2), file=ctx.out)
+    else:
+        print(f"# home: {ctx.home.root}\n" + dump_yaml(ctx.config), end="", file=ctx.out)
+    return 0
+
+
+def cmd_snapshot(ctx: Context) -> int:
+    from flows.stages import snapshot_stage
+
+    cfg = ctx.config
+    if ctx.args.source:
+        cfg = cfg.model_copy(
+            update={"data": cfg.data.model_copy(update={"sources": cfg.data.sources + ctx.args.source})}
+        )
+    if ctx.args.drop_invalid:
+        cfg = cfg.model_copy(update={"snapshot": cfg.snapshot.model_copy(update={"on_invalid": "drop"})})
+    snap = snapshot_stage(cfg, ctx.home)
+    m = snap.manifest
+    rejected = m["rejected"]
+    ctx.emit(
+        {"hash": snap.hash, "path": str(snap.path), "counts": m["counts"], "rejected": rejected},
+        [
+            f"snapshot {snap.hash}",
+            f"  path      {snap.path}",
+            "  records   " + ", ".join(f"{k} {v}" for k, v in m["counts"].items()),
+            f"  rejected  {rejected['total']}"
+            + (
+                " (" + ", ".join(f"{k} {v}" for k, v in rejected["by_reason"].items()) + ")"
+                if rejected["total"]
+                else ""
+            ),
+        ],
+    )
+    return 0
+
+
+def cmd_bootstrap(ctx: Context) -> int:
+    from flows.stages import base_model_stage, snapshot_stage
+
+    if ctx.config.base_model:
+        model = base_model_stage(ctx.config, ctx.home, snapshot=None)  # type: ignore[arg-type]
+        ctx.emit(
+            {"path": str(model.path), "skipped": True},
+            [f"base_model is set ({model.path}): nothing to bootstrap"],
+        )
+        return 0
+    snap = snapshot_stage(ctx.config, ctx.home)
+    model = base_model_stage(ctx.config, ctx.home, snap, progress=not ctx.json)
+    man = model.manifest
+    metrics = man["metrics"]
+    ctx.emit(
+        {
+            "path": str(model.path),
+            "snapshot": snap.hash,
+            "weights_hash": man["weights_hash"],
+            "tokenizer_hash": man["tokenizer_hash"],
+            "chat_template_hash": man["chat_template_hash"],
+            "metrics": metrics,
+        },
+        [
+            f"base model {model.path}",
+            f"  snapshot      {snap.hash}",
+            f"  parameters    {metrics['parameters']:,}",
+            f"  loss          {metrics['initial_loss']:.3f} -> {metrics['final_loss']:.3f} "
+            f"(validation {metrics['final_val_loss']:.3f}; unigram floor {metrics['unigram_entropy']:.3f})",
+            f"  weights hash  {man['weights_hash']}",
+        ],
+    )
+    return 0
+
+
+def cmd_run(ctx: Context) -> int:
+    from flows.pipeline import lifecycle_run
+
+    summary = lifecycle_run(ctx.config, ctx.home)
+    metrics = summary.base_model_metrics
+    loss = (
+        f"loss {metrics['final_loss']:.3f} vs unigram floor {metrics['unigram_entropy']:.3f}"
+        if "final_loss" in metrics
+        else "external base model"
+    )
+    ctx.emit(
+        asdict(summary) if is_dataclass(summary) else dict(summary),
+        [
+            "",
+            "lifecycle run: done",
+            f"  flow run    {summary.flow_run_id}",
+            f"  snapshot    {summary.snapshot[:12]}  "
+            + ", ".join(f"{k} {v}" for k, v in summary.snapshot_counts.items())
+            + f"  ({summary.seconds['snapshot']:.1f}s)",
+            f"  base model  {summary.base_model}  ({loss}; {summary.seconds['base_model']:.1f}s)",
+            f"  home        {ctx.home.root}",
+        ],
+    )
+    return 0
+
+
+# --- parser -----------------------------------------------------------------------------------------------
+
+COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
+    "run": (
+        cmd_run,
+        "run the whole loop as a Prefect flow (stages so far: snapshot, base model)",
+        "lifecycle run\n  lifecycle run --config configs/tiny.yaml --home /tmp/demo",
+    ),
+    "snapshot": (
+        cmd_snapshot,
+        "build (or find) the content-addressed data snapshot",
+        "lifecycle snapshot --json\n  lifecycle snapshot --source my_chats/ --set data.generator.enabled=false"
+        "\n  lifecycle snapshot --source raw.jsonl --drop-invalid",
+    ),
+    "bootstrap": (
+        cmd_bootstrap,
+        "train the tokenizer and small base model offline (skipped if it exists)",
+        "lifecycle bootstrap --config configs/tiny.yaml\n  lifecycle bootstrap --json",
+    ),
+    "config": (
+        cmd_config,
+        "print the resolved config (after --config and --set)",
+        "lifecycle config --config configs/tiny.yaml --set bootstrap.pretrain.steps=10",
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--config", metavar="FILE", help="config file (default: configs/default.yaml)")
+    common.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override a config key, e.g. --set snapshot.test_fraction=0.2 (repeatable)",
+    )
+    common.add_argument("--home", metavar="DIR", help="state folder (default: $LIFECYCLE_HOME or ./.lifecycle)")
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+    parser = _Parser(
+        prog=PROG,
+        description="chat-lifecycle: data snapshots -> fine-tune -> registry -> "
+        "gated evals -> canary rollouts -> drift-triggered retraining.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  lifecycle run\n  lifecycle snapshot --json\n"
+        "  lifecycle bootstrap --config configs/tiny.yaml",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (func, help_text, example) in COMMANDS.items():
+        p = sub.add_parser(
+            name,
+            parents=[common],
+            help=help_text,
+            description=help_text,
+            epilog="example:\n  " + example,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.set_defaults(func=func)
+        if name == "snapshot":
+            p.add_argument(
+                "--source",
+                metavar="PATH",
+                action="append",
+                default=[],
+                help="add a JSONL file or folder to data.sources (repeatable)",
+            )
+            p.add_argument(
+                "--drop-invalid",
+                action="store_true",
+                help="drop records that break a contract (counted in the manifest) instead of failing",
+            )
+    return parser
+
+
+def _log_crash(home: Home | None) -> Path:
+    root = home.logs if home else Path.cwd()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"cli-error-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+    path.write_text(traceback.format_exc(), encoding="utf-8")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    ctx: Context | None = None
+    out = sys.stdout
+    if args.json:  # stdout carries the JSON alone: libraries that log to stdout are sent to stderr meanwhile
+        sys.stdout = sys.stderr
+    try:
+        ctx = Context(args, out)
+        return int(args.func(ctx))
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except LifecycleError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug, not bad input: one line here, the traceback in a log file
+        if os.environ.get("LIFECYCLE_DEBUG"):
+            raise
+        log = _log_crash(ctx.home if ctx else None)
+        print(f"{PROG}: internal error: {type(exc).__name__}: {exc} (traceback: {log})", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The root config: every stage's config composed into one object, loaded from ``configs/*.yaml``.
+
+    lifecycle --config configs/tiny.yaml --set snapshot.test_fraction=0.2 snapshot
+
+Later stages (training, registry, evals, serving, monitoring) add their sections here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import Field
+
+from core import config as cfgio
+from core.config import StrictModel
+from core.home import Home
+from training.config import BootstrapConfig, DataConfig, SnapshotConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
+
+
+class LifecycleConfig(StrictModel):
+    home: str | None = Field(
+        None, description="State folder; null means $LIFECYCLE_HOME, else ./.lifecycle (a --home flag wins)."
+    )
+    data: DataConfig = Field(default_factory=DataConfig, description="Where chat data comes from.")
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig, description="Snapshot contracts and splits.")
+    base_model: str | None = Field(
+        None,
+        description="A local Hugging Face model folder (for example a Llama 3 checkpoint) to fine-tune; "
+        "null bootstraps the project's own tokenizer and base model from the snapshot.",
+    )
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="Offline base-model bootstrap.")
+
+    def resolve_home(self, flag: str | None = None) -> Home:
+        return Home.resolve(flag or self.home)
+
+
+def load_config(path: Path | None = None, overrides: Iterable[str] = ()) -> LifecycleConfig:
+    return cfgio.load(LifecycleConfig, path or DEFAULT_CONFIG, overrides)

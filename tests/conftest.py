@@ -1,0 +1,54 @@
+"""Session fixtures: an isolated home folder, the tiny config, and a tiny snapshot + base model built once.
+
+The runtime switches (offline, telemetry off, caches under the home folder) are applied here because the test
+session is an entry point, like the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core import runtime
+from core.home import Home
+from flows.config import CONFIG_DIR, LifecycleConfig, load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
+    home = Home(tmp_path_factory.mktemp("lifecycle-home"))
+    old = os.environ.get("LIFECYCLE_HOME")
+    runtime.configure(home)
+    os.environ["LIFECYCLE_HOME"] = str(home.root)
+    yield home
+    if old is None:
+        os.environ.pop("LIFECYCLE_HOME", None)
+    else:
+        os.environ["LIFECYCLE_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_config() -> LifecycleConfig:
+    return load_config(CONFIG_DIR / "tiny.yaml")
+
+
+@pytest.fixture(scope="session")
+def tiny_snapshot(tiny_config: LifecycleConfig, session_home: Home):  # type: ignore[no-untyped-def]
+    from flows.stages import snapshot_stage
+
+    return snapshot_stage(tiny_config, session_home)
+
+
+@pytest.fixture(scope="session")
+def tiny_base_model(tiny_config: LifecycleConfig, session_home: Home, tiny_snapshot):  # type: ignore[no-untyped-def]
+    """The tiny bootstrap, trained a little longer than tiny.yaml so greedy outputs are not all one token."""
+    from flows.config import load_config
+    from flows.stages import base_model_stage
+
+    cfg = load_config(CONFIG_DIR / "tiny.yaml", ["bootstrap.pretrain.steps=150"])
+    return base_model_stage(cfg, session_home, tiny_snapshot, progress=False)

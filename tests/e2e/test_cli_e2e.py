@@ -1,0 +1,79 @@
+"""The README's commands as a user runs them: the installed ``lifecycle`` script in a fresh home folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flows.config import CONFIG_DIR
+
+TINY = str(CONFIG_DIR / "tiny.yaml")
+
+
+def lifecycle(*args: str, home: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("lifecycle")
+    assert exe, "the console script is installed with the project"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LIFECYCLE_"))}
+    return subprocess.run(
+        [exe, *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e-home")
+
+
+def test_snapshot_json_twice_prints_the_same_hash(home: Path) -> None:
+    first = lifecycle("snapshot", "--config", TINY, "--json", home=home)
+    second = lifecycle("snapshot", "--config", TINY, "--json", home=home)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["hash"] == json.loads(second.stdout)["hash"]
+
+
+def test_run_executes_the_stages_as_a_prefect_flow_and_reuses_work(home: Path) -> None:
+    result = lifecycle("run", "--config", TINY, "--json", home=home)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    snapshot = json.loads(lifecycle("snapshot", "--config", TINY, "--json", home=home).stdout)["hash"]
+    assert summary["snapshot"] == snapshot
+    model = Path(summary["base_model"])
+    assert (model / "model.safetensors").is_file() and model.is_relative_to(home)
+    assert summary["base_model_metrics"]["final_loss"] < summary["base_model_metrics"]["initial_loss"]
+    assert "Finished in state Completed()" in result.stderr  # Prefect ran it
+
+    again = lifecycle("run", "--config", TINY, "--json", home=home)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rerun = json.loads(again.stdout)
+    assert rerun["base_model"] == summary["base_model"] and rerun["flow_run_id"] != summary["flow_run_id"]
+    assert "pretrain" not in again.stderr  # the base model was found, not trained again
+    assert (home / "prefect" / "prefect.db").is_file()  # Prefect's database lives in the home folder
+
+
+def test_state_stays_under_the_home_folder(home: Path) -> None:
+    result = lifecycle("bootstrap", "--config", TINY, "--json", home=home)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert Path(out["path"]).is_relative_to(home)
+    assert {p.name for p in home.iterdir()} <= {
+        "data",
+        "snapshots",
+        "models",
+        "prefect",
+        "cache",
+        "reports",
+        "logs",
+        "tmp",
+        "mlflow",
+        "serving",
+    }

@@ -1,0 +1,24 @@
+"""Small helpers shared by tests (importable because pyproject puts tests/ on the path)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    """Write rows as JSONL; a str row is written verbatim (for malformed-line tests)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return path
+
+
+def chat(user: str, assistant: str, system: str | None = None, **metadata: Any) -> dict[str, Any]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": assistant},
+    ]
+    return {"messages": messages, **({"metadata": metadata} if metadata else {})}

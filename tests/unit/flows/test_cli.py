@@ -1,0 +1,111 @@
+"""The CLI's contract with users: one readable line per error, the right exit code, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import chat, write_jsonl
+
+from flows import cli
+from flows.config import CONFIG_DIR
+
+TINY = str(CONFIG_DIR / "tiny.yaml")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_config_error_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(capsys, "config", "--home", str(tmp_path), "--set", "snapshot.tst_fraction=0.1")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("lifecycle: config: unknown key 'snapshot.tst_fraction'")
+
+
+def test_usage_error_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["snapshot", "--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: --bogus" in err
+
+
+def test_every_command_has_an_example_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in cli.COMMANDS:
+        with pytest.raises(SystemExit):
+            cli.main([name, "--help"])
+        assert f"example:\n  lifecycle {name}" in capsys.readouterr().out
+
+
+def test_config_json_reflects_overrides(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(
+        capsys,
+        "config",
+        "--config",
+        TINY,
+        "--home",
+        str(tmp_path),
+        "--json",
+        "--set",
+        "snapshot.split_seed=9",
+    )
+    assert code == 0
+    assert json.loads(out)["snapshot"]["split_seed"] == 9
+
+
+def test_snapshot_json_prints_the_hash_and_a_rerun_matches(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "snapshot", "--config", TINY, "--home", str(tmp_path), "--json")
+    assert code == 0
+    first = json.loads(out)
+    assert len(first["hash"]) == 64 and Path(first["path"]).is_dir()
+    code, out, _ = run(capsys, "snapshot", "--config", TINY, "--home", str(tmp_path), "--json")
+    assert json.loads(out)["hash"] == first["hash"]
+
+
+def test_bad_records_are_listed_with_file_and_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "mine.jsonl", [chat("hi", "hello"), "{oops", chat("hey", "")])
+    argv = [
+        "snapshot",
+        "--home",
+        str(tmp_path / "h"),
+        "--set",
+        "data.generator.enabled=false",
+        "--source",
+        str(src),
+    ]
+    code, out, err = run(capsys, *argv)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1
+    assert f"{src}:2: not valid JSON" in err and f"{src}:3: messages[1] (assistant) is empty" in err
+    assert "--drop-invalid" in err
+    code, out, err = run(capsys, *argv, "--drop-invalid", "--json")
+    assert code == 0
+    assert json.loads(out)["rejected"]["by_reason"] == {"empty_turn": 1, "invalid_json": 1}
+
+
+def test_missing_source_and_bad_base_model_are_clear(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "snapshot", "--home", str(tmp_path), "--source", str(tmp_path / "nope.jsonl"))
+    assert code == 1 and "source not found" in err and err.count("\n") == 1
+    (tmp_path / "model").mkdir()
+    code, _, err = run(capsys, "bootstrap", "--home", str(tmp_path), "--set", f"base_model={tmp_path / 'model'}")
+    assert code == 1 and "is not a usable model folder: missing config.json" in err
+
+
+def test_internal_errors_are_one_line_with_a_logged_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(ctx: cli.Context) -> int:
+        raise RuntimeError("kaput")
+
+    monkeypatch.setitem(cli.COMMANDS, "config", (boom, "x", "lifecycle config"))
+    monkeypatch.delenv("LIFECYCLE_DEBUG", raising=False)
+    code, _, err = run(capsys, "config", "--home", str(tmp_path))
+    assert code == 1 and err.count("\n") == 1
+    assert "internal error: RuntimeError: kaput" in err
+    log = Path(err.rsplit("traceback: ", 1)[1].rstrip(")\n"))
+    assert "Traceback" in log.read_text() and log.is_relative_to(tmp_path)

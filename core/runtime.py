@@ -45,6 +45,8 @@ def runtime_environment(home: Home) -> dict[str, str]:
         "VLLM_CPU_KVCACHE_SPACE": "2",
         # the tokenizers thread pool and forked workers do not mix
         "TOKENIZERS_PARALLELISM": "false",
+        # DeepSpeed probes for an accelerator (and warns) in every process unless told; only without a GPU
+        **({} if Path("/dev/nvidiactl").exists() else {"DS_ACCELERATOR": "cpu"}),
     }
 
 

@@ -119,3 +119,54 @@ class BootstrapConfig(StrictModel):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="The BPE tokenizer to train.")
     model: ModelShape = Field(default_factory=ModelShape, description="Shape of the Llama base model.")
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="Pretraining run.")
+
+
+class LoraConfig(StrictModel):
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Names of the linear layers that get adapters.",
+    )
+
+
+class DistributedConfig(StrictModel):
+    world_size: int = Field(2, ge=1, description="Ranks on this node (CPU processes here, GPUs in production).")
+    launcher: Literal["torchrun", "deepspeed"] = Field(
+        "torchrun", description="Which launcher starts the ranks: torchrun, or the deepspeed launcher (hostfile)."
+    )
+    hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs (deepspeed launcher).")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Collective backend (auto: nccl on GPU).")
+    threads_per_rank: int | None = Field(
+        None, ge=1, description="OMP/torch threads per rank (None: cores / world_size; launchers do not set it)."
+    )
+
+
+class FinetuneConfig(StrictModel):
+    method: Literal["lora", "full"] = Field("lora", description="LoRA adapters (peft) or full fine-tuning.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings (method=lora).")
+    seed: int = Field(1234, description="Seed of adapter init, data order and dropout.")
+    epochs: int = Field(2, ge=1, description="Passes over the train split (max_steps wins when set).")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per rank per forward pass.")
+    grad_accum_steps: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
+    learning_rate: float = Field(2e-3, gt=0, description="Peak AdamW learning rate (warm-up, then cosine decay).")
+    warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    max_seq_len: int = Field(256, ge=16, description="Longest training sequence in tokens; longer ones are cut.")
+    packing: bool = Field(False, description="Pack several conversations into one max_seq_len sequence.")
+    activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    eval_every: int = Field(50, ge=1, description="Optimizer steps between validation-loss measurements.")
+    eval_batches: int = Field(8, ge=1, description="Validation micro-batches per rank per measurement.")
+    checkpoint_every: int = Field(50, ge=1, description="Optimizer steps between resumable checkpoints.")
+    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+    deepspeed_config: str = Field(
+        "infra/deepspeed/zero2.json", description="DeepSpeed JSON config (relative to the repo root or absolute)."
+    )
+    bf16: bool = Field(False, description="bf16 mixed precision (GPU; CPU gloo runs use fp32).")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="Ranks and launcher.")
+    equivalence_atol: float = Field(
+        1e-4, gt=0, description="Largest logit difference allowed between the training model and its export."
+    )

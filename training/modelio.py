@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,18 @@ class ModelFolder:
         return str(value) if value else None
 
 
-def weights_hash(model: torch.nn.Module) -> str:
-    """SHA-256 over every tensor of the state dict (name, dtype, shape, bytes) in name order."""
+def tensors_hash(tensors: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over named tensors (name, dtype, shape, bytes) in name order: identical weights, identical hash."""
     h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(tensors.items()):
         t = tensor.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    return tensors_hash(model.state_dict())
 
 
 def inspect_model_folder(path: Path) -> ModelFolder:

@@ -1,0 +1,198 @@
+"""DeepSpeed fine-tuning, parent side: ``finetune(cfg, snapshot, base_model, run_dir) -> TrainResult``.
+
+Writes ``run_dir/job.json`` (the resolved fine-tune config, snapshot and base-model paths, the DeepSpeed config
+with run-dependent values filled in), starts ``world_size`` ranks of ``training/worker.py`` with torchrun or the
+``deepspeed`` launcher (a hostfile passes through for multi-node), and reads the rank-0 report. Each rank gets
+``OMP_NUM_THREADS`` (launchers do not set it); on CPU the ranks use gloo, on GPUs NCCL.
+
+The run folder is the unit of resumption: rerunning with the same ``run_dir`` continues from its newest
+checkpoint. ``train_key`` names it from everything that determines the weights (snapshot, base weights, config),
+so the flow can tell a finished run from a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError, LifecycleError, NotFoundError
+from core.hashing import sha256_file, sha256_json
+from training.config import FinetuneConfig
+from training.modelio import ModelFolder
+from training.snapshot import Snapshot
+from training.worker import METRICS, RESULT
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class TrainingError(LifecycleError):
+    """The ranks failed; the message carries the tail of the rank logs."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_dir: Path
+    export_dir: Path
+    method: str
+    weights_hash: str
+    steps: int
+    metrics: dict[str, Any]
+    equivalence: dict[str, Any]
+    deepspeed_config: dict[str, Any]
+    report: dict[str, Any]
+
+    def curve(self) -> list[dict[str, Any]]:
+        """Per-step metrics written by rank 0 (loss, lr, tokens/s, and val_loss where measured)."""
+        rows = [json.loads(line) for line in (self.run_dir / METRICS).read_text().splitlines() if line.strip()]
+        last: dict[int, dict[str, Any]] = {}
+        for row in rows:  # a resumed run rewrites the steps after its checkpoint: keep the newest
+            last[row["step"]] = row
+        return [last[s] for s in sorted(last)]
+
+
+def resolve_deepspeed_config(cfg: FinetuneConfig) -> tuple[Path, dict[str, Any]]:
+    path = Path(cfg.deepspeed_config)
+    path = path if path.is_absolute() else REPO / path
+    if not path.is_file():
+        raise ConfigError(f"config: finetune.deepspeed_config = {cfg.deepspeed_config!r}: file not found ({path})")
+    try:
+        ds = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"config: finetune.deepspeed_config: {path} is not valid JSON ({exc.msg}, line {exc.lineno})"
+        ) from None
+    if not isinstance(ds, dict):
+        raise ConfigError(f"config: finetune.deepspeed_config: {path} must hold a JSON object")
+    zero = ds.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"config: finetune.deepspeed_config: zero_optimization.stage must be 0-3, got {stage!r}")
+    if cfg.bf16 and stage == 0:
+        raise ConfigError("config: finetune.bf16 needs ZeRO stage 1-3 (stage 0 keeps bf16 gradients)")
+    ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+    ds["gradient_accumulation_steps"] = cfg.grad_accum_steps
+    ds["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum_steps * cfg.distributed.world_size
+    ds["gradient_clipping"] = cfg.max_grad_norm
+    ds["bf16"] = {**ds.get("bf16", {}), "enabled": cfg.bf16}
+    if "optimizer" in ds:  # DeepSpeed's own optimizer (offload configs): fill the values we own
+        params = ds["optimizer"].setdefault("params", {})
+        params["lr"] = cfg.learning_rate if params.get("lr", "auto") == "auto" else params["lr"]
+        params["weight_decay"] = (
+            cfg.weight_decay if params.get("weight_decay", "auto") == "auto" else params["weight_decay"]
+        )
+    return path, ds
+
+
+def train_key(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder) -> str:
+    """Everything that determines the fine-tuned weights, hashed."""
+    _, ds = resolve_deepspeed_config(cfg)
+    base_id = base.weights_hash or sha256_file(next(iter(sorted(base.path.glob("*.safetensors")))))
+    return sha256_json(
+        {"snapshot": snapshot.hash, "base": base_id, "config": cfg.model_dump(mode="json"), "deepspeed": ds}
+    )[:16]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_command(cfg: FinetuneConfig, job_path: Path) -> list[str]:
+    d = cfg.distributed
+    port = str(_free_port())
+    if d.launcher == "deepspeed":
+        sibling = Path(sys.executable).parent / "deepspeed"  # the launcher of this interpreter's environment
+        exe = str(sibling) if sibling.is_file() else (shutil.which("deepspeed") or "deepspeed")
+        cmd = [exe, "--master_addr", "127.0.0.1", "--master_port", port]
+        if d.hostfile:
+            cmd += ["--hostfile", d.hostfile]
+        else:
+            cmd += ["--num_nodes", "1", "--num_gpus" if _gpus() else "--num_accelerators", str(d.world_size)]
+        return [*cmd, "--module", "training.worker", str(job_path)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={d.world_size}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        "-m",
+        "training.worker",
+        str(job_path),
+    ]
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _log_tail(run_dir: Path, lines: int = 15) -> str:
+    tails = []
+    for log in sorted((run_dir / "logs").glob("rank*.log")):
+        text = log.read_text(errors="replace").strip().splitlines()
+        tails += [f"{log.name}: {line}" for line in text[-lines:]]
+    return "\n".join(tails)
+
+
+def finetune(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir: Path) -> TrainResult:
+    """Train (or resume, or just read back a finished run in ``run_dir``) and return the checked export."""
+    for split in ("train", "validation"):
+        if not snapshot.split_path(split).is_file():
+            raise NotFoundError(f"snapshot {snapshot.short} has no {split} split at {snapshot.path}")
+    _, ds = resolve_deepspeed_config(cfg)
+    result_path = run_dir / RESULT
+    if not result_path.is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        threads = cfg.distributed.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.distributed.world_size)
+        job = {
+            "config": cfg.model_dump(mode="json"),
+            "snapshot_path": str(snapshot.path),
+            "snapshot_hash": snapshot.hash,
+            "base_model": str(base.path),
+            "run_dir": str(run_dir),
+            "deepspeed": ds,
+            "threads_per_rank": threads,
+        }
+        job_path = run_dir / "job.json"
+        job_path.write_text(json.dumps(job, indent=2) + "\n", encoding="utf-8")
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+        # the ranks' output is progress and logs, never a command's result: it goes to stderr (fd 2)
+        proc = subprocess.run(launch_command(cfg, job_path), env=env, cwd=str(REPO), stdout=2, check=False)
+        if proc.returncode != 0 or not result_path.is_file():
+            raise TrainingError(
+                f"fine-tuning failed (exit code {proc.returncode}); rank logs in {run_dir / 'logs'}:\n"
+                + _log_tail(run_dir)
+            )
+    report = json.loads(result_path.read_text(encoding="utf-8"))
+    if not report["equivalence"]["passed"]:
+        eq = report["equivalence"]
+        raise TrainingError(
+            f"export check failed: logits differ by {eq['max_abs_logit_diff']:.3g} "
+            f"(> {eq['atol']}) between the training model and {report['export_dir']}"
+        )
+    return TrainResult(
+        run_dir=run_dir,
+        export_dir=Path(report["export_dir"]),
+        method=report["method"],
+        weights_hash=report["weights_hash"],
+        steps=report["steps"],
+        metrics=report["metrics"],
+        equivalence=report["equivalence"],
+        deepspeed_config=report["deepspeed_config"],
+        report=report,
+    )

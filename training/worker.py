@@ -1,0 +1,377 @@
+"""One rank of a DeepSpeed fine-tune. Started by a launcher (torchrun or ``deepspeed``), never imported by it:
+
+    python -m torch.distributed.run --nproc_per_node 2 -m training.worker RUN_DIR/job.json
+
+``training/finetune.py`` writes the job file, launches the ranks and reads back ``train_result.json``.
+
+What a rank does: joins the process group (gloo on CPU, NCCL on GPU), encodes the snapshot with the chat
+template (loss on assistant tokens only), wraps the model (LoRA via peft, or full) in ``deepspeed.initialize``
+with a torch AdamW and a warm-up + cosine schedule, and trains on its shard of a seeded, epoch-wise shuffled
+order. Every ``checkpoint_every`` steps all ranks write a DeepSpeed checkpoint plus each rank's RNG state; on
+start, a run that finds a checkpoint resumes from it, at the exact sample where it stopped, so a killed and
+restarted run ends with the same weights as an uninterrupted one. At the end rank 0 exports a Hugging Face folder
+(full weights, or the adapter), reloads it fresh and compares logits with the training model before reporting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from torch.utils.data import DistributedSampler
+from tqdm import tqdm
+
+from training.config import FinetuneConfig
+from training.modelio import tensors_hash
+from training.sft_data import Example, collate, encode, pack
+
+log = logging.getLogger("lifecycle.train")
+RESULT = "train_result.json"
+METRICS = "metrics.jsonl"
+
+
+class _Order:
+    """Which examples a rank sees at a given step: a DistributedSampler order per epoch (seeded, drop_last)."""
+
+    def __init__(self, n: int, world: int, rank: int, seed: int, per_step: int) -> None:
+        # the sampler only needs len(): a range stands in for the dataset
+        self.sampler: DistributedSampler[int] = DistributedSampler(
+            range(n),  # type: ignore[arg-type]
+            num_replicas=world,
+            rank=rank,
+            shuffle=True,
+            seed=seed,
+            drop_last=True,
+        )
+        self.per_step = per_step
+        self.steps_per_epoch = len(self.sampler) // per_step
+        self._epoch = -1
+        self._indices: list[int] = []
+
+    def step(self, step: int) -> list[int]:
+        epoch, within = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self.sampler.set_epoch(epoch)
+            self._indices, self._epoch = list(iter(self.sampler)), epoch
+        return self._indices[within * self.per_step : (within + 1) * self.per_step]
+
+
+def _schedule(cfg: FinetuneConfig, total: int) -> Any:
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _setup_logging(run_dir: Path, rank: int) -> None:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / f"rank{rank}.log")
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def _build_model(cfg: FinetuneConfig, base: str) -> Any:  # a transformers PreTrainedModel or a peft PeftModel
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(cfg.seed)  # the same adapter init on every rank
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=list(cfg.lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, lora)
+    return model
+
+
+def _mean_across_ranks(total: float, count: float) -> float:
+    t = torch.tensor([total, count], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t[0]) / max(float(t[1]), 1.0)
+
+
+@torch.no_grad()
+def _val_loss(engine: Any, batches: list[dict[str, torch.Tensor]], device: torch.device) -> float:
+    engine.eval()
+    total = count = 0.0
+    for batch in batches:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        n = float((batch["labels"][:, 1:] != -100).sum())
+        total += float(engine(**batch).loss) * n
+        count += n
+    engine.train()
+    return _mean_across_ranks(total, count)
+
+
+def _checkpoint(engine: Any, ckpt_dir: Path, step: int, rank: int, keep: int) -> None:
+    tag = f"step{step:07d}"
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step})
+    torch.save({"torch": torch.get_rng_state()}, ckpt_dir / tag / f"rng_rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        for old in sorted(p for p in ckpt_dir.glob("step*") if p.is_dir())[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    log.info("checkpoint %s", tag)
+
+
+def _resume(engine: Any, ckpt_dir: Path, rank: int) -> int:
+    if not (ckpt_dir / "latest").is_file():
+        return 0
+    path, client = engine.load_checkpoint(str(ckpt_dir))
+    if path is None:
+        return 0
+    tag = (ckpt_dir / "latest").read_text().strip()
+    torch.set_rng_state(torch.load(ckpt_dir / tag / f"rng_rank{rank}.pt")["torch"])
+    log.info("resumed from %s at step %d", tag, client["step"])
+    return int(client["step"])
+
+
+def _consolidated_state(engine: Any, stage: int, run_dir: Path, rank: int) -> dict[str, torch.Tensor] | None:
+    """The full state dict on rank 0 (every rank must call this: ZeRO-3 gathers the shards)."""
+    if stage == 3:
+        tmp = run_dir / "gathered"
+        engine.save_16bit_model(str(tmp), "state.pt")
+        dist.barrier()
+        return torch.load(tmp / "state.pt", map_location="cpu") if rank == 0 else None
+    return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()} if rank == 0 else None
+
+
+def _export(cfg: FinetuneConfig, job: dict[str, Any], state: dict[str, torch.Tensor], out: Path) -> torch.nn.Module:
+    """Write the Hugging Face folder from ``state``; returns the model that holds exactly those weights."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    base = job["base_model"]
+    model = _build_model(cfg, base)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected, f"unexpected keys in consolidated state: {unexpected[:5]}"
+    assert all("lm_head" in k for k in missing), f"missing keys in consolidated state: {missing[:5]}"
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    if cfg.method == "lora":
+        config = json.loads((out / "adapter_config.json").read_text())
+        config["base_model_name_or_path"] = base
+        (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    else:
+        GenerationConfig.from_pretrained(base).save_pretrained(out)
+    return model
+
+
+def _equivalence(
+    cfg: FinetuneConfig, job: dict[str, Any], trained: torch.nn.Module, out: Path, batch: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """Load the export fresh, as a user would, and compare its logits with the training model's."""
+    from transformers import AutoModelForCausalLM
+
+    if cfg.method == "lora":
+        from peft import PeftModel
+
+        fresh: torch.nn.Module = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(job["base_model"]), str(out)
+        )
+    else:
+        fresh = AutoModelForCausalLM.from_pretrained(str(out))
+    fresh.eval()
+    trained.eval()
+    with torch.no_grad():
+        a = trained(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        b = fresh(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    mask = batch["attention_mask"].bool()
+    diff = float((a - b).abs()[mask].max())
+    return {
+        "max_abs_logit_diff": diff,
+        "atol": cfg.equivalence_atol,
+        "passed": diff <= cfg.equivalence_atol,
+        "batch_shape": list(batch["input_ids"].shape),
+    }
+
+
+def _export_hash(cfg: FinetuneConfig, out: Path) -> str:
+    name = "adapter_model.safetensors" if cfg.method == "lora" else "model.safetensors"
+    return tensors_hash(load_file(out / name))
+
+
+def train(job: dict[str, Any]) -> None:
+    import deepspeed
+    from transformers import AutoTokenizer
+
+    cfg = FinetuneConfig.model_validate(job["config"])
+    run_dir = Path(job["run_dir"])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    _setup_logging(run_dir, rank)
+    torch.set_num_threads(int(job["threads_per_rank"]))
+    cuda = torch.cuda.is_available()
+    backend = cfg.distributed.backend if cfg.distributed.backend != "auto" else ("nccl" if cuda else "gloo")
+    deepspeed.init_distributed(dist_backend=backend)
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    started = time.perf_counter()
+
+    tok = AutoTokenizer.from_pretrained(job["base_model"])
+    snapshot = Path(job["snapshot_path"])
+    train_set = encode(_records(snapshot / "train.jsonl"), tok, cfg.max_seq_len)
+    val_set = encode(_records(snapshot / "validation.jsonl"), tok, cfg.max_seq_len)
+    examples: list[Example] = pack(train_set.examples, cfg.max_seq_len) if cfg.packing else train_set.examples
+    per_step = cfg.micro_batch_size * cfg.grad_accum_steps
+    order = _Order(len(examples), world, rank, cfg.seed, per_step)
+    if order.steps_per_epoch < 1:
+        raise ValueError(f"{len(examples)} training sequences are too few for {world} ranks x {per_step} per step")
+    total = min(cfg.max_steps or 10**12, cfg.epochs * order.steps_per_epoch)
+    val_examples = val_set.examples[rank::world][: cfg.eval_batches * cfg.micro_batch_size] or examples[:1]
+    val_batches = [
+        collate(val_examples[i : i + cfg.micro_batch_size], tok.pad_token_id)
+        for i in range(0, len(val_examples), cfg.micro_batch_size)
+    ]
+
+    model = _build_model(cfg, job["base_model"])
+    ds_config = dict(job["deepspeed"])
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = (
+        None
+        if "optimizer" in ds_config
+        else torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    )
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=_schedule(cfg, total), config=ds_config
+    )
+    stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
+    ckpt_dir = run_dir / "checkpoints"
+    start = _resume(engine, ckpt_dir, rank)
+    log.info(
+        "world=%d backend=%s zero=%d steps=%d/%d examples=%d (truncated %d, skipped %d)",
+        world,
+        backend,
+        stage,
+        start,
+        total,
+        len(examples),
+        train_set.truncated,
+        train_set.skipped,
+    )
+
+    metrics_file = (run_dir / METRICS).open("a", encoding="utf-8") if rank == 0 else None
+    val_curve = [] if start else [{"step": 0, "val_loss": _val_loss(engine, val_batches, device)}]
+    bar = tqdm(
+        total=total,
+        initial=start,
+        desc=f"fine-tune ({cfg.method}, {world} ranks)",
+        unit="step",
+        disable=rank != 0,
+        mininterval=1.0,
+        file=sys.stderr,
+    )
+    tokens, t0, loss_value, eval_seconds = 0, time.perf_counter(), float("nan"), 0.0
+    for step in range(start, total):
+        idx = order.step(step)
+        step_loss = 0.0
+        for m in range(cfg.grad_accum_steps):
+            batch = collate(
+                [examples[i] for i in idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]], tok.pad_token_id
+            )
+            tokens += int(batch["attention_mask"].sum())
+            batch = {k: v.to(device) for k, v in batch.items()}
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            engine.step()
+            step_loss += loss.item() / cfg.grad_accum_steps
+        loss_value = _mean_across_ranks(step_loss, 1.0)
+        rate = tokens * world / (time.perf_counter() - t0)
+        row: dict[str, Any] = {"step": step + 1, "loss": loss_value, "lr": engine.get_lr()[0], "tokens_per_s": rate}
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == total:
+            t_eval = time.perf_counter()
+            row["val_loss"] = _val_loss(engine, val_batches, device)
+            val_curve.append({"step": step + 1, "val_loss": row["val_loss"]})
+            eval_seconds += time.perf_counter() - t_eval
+        if metrics_file:
+            metrics_file.write(json.dumps(row) + "\n")
+            metrics_file.flush()
+        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+        bar.update(1)
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < total:
+            _checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_checkpoints)
+    bar.close()
+    train_seconds = time.perf_counter() - t0 - eval_seconds  # the optimizer loop alone
+    all_tokens = torch.tensor([float(tokens)], dtype=torch.float64)
+    dist.all_reduce(all_tokens)
+
+    state = _consolidated_state(engine, stage, run_dir, rank)
+    if rank == 0:
+        assert state is not None
+        out = run_dir / "export"
+        if out.exists():
+            shutil.rmtree(out)
+        exported = _export(cfg, job, state, out)
+        fixed = collate((val_set.examples or examples)[: cfg.micro_batch_size], tok.pad_token_id)
+        equivalence = _equivalence(cfg, job, exported, out, fixed)
+        result = {
+            "method": cfg.method,
+            "export_dir": str(out),
+            "weights_hash": _export_hash(cfg, out),
+            "steps": total,
+            "resumed_from_step": start,
+            "world_size": world,
+            "backend": backend,
+            "zero_stage": stage,
+            "deepspeed_config": ds_config,
+            "train_examples": len(examples),
+            "truncated": train_set.truncated,
+            "skipped": train_set.skipped,
+            "metrics": {
+                "train_loss": loss_value,
+                "val_loss_initial": val_curve[0]["val_loss"] if val_curve else None,
+                "val_loss": val_curve[-1]["val_loss"] if val_curve else None,
+                "tokens_per_s": float(all_tokens) / train_seconds if train_seconds > 0 else 0.0,
+                "train_tokens": int(all_tokens),
+                "train_seconds": train_seconds,
+            },
+            "equivalence": equivalence,
+            "seconds": time.perf_counter() - started,
+        }
+        (run_dir / RESULT).write_text(json.dumps(result, indent=2) + "\n")
+        log.info("export %s equivalence %s", out, equivalence)
+    dist.barrier()
+    if metrics_file:
+        metrics_file.close()
+    dist.destroy_process_group()
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m training.worker RUN_DIR/job.json", file=sys.stderr)
+        return 2
+    train(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

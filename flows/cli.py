@@ -18,7 +18,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -132,27 +132,67 @@ def cmd_bootstrap(ctx: Context) -> int:
     return 0
 
 
+def _train_lines(summary: Any, home: Home) -> list[str]:
+    m = summary.metrics
+    base = summary.base_model_metrics
+    base_loss = (
+        f"loss {base['final_loss']:.3f} vs unigram floor {base['unigram_entropy']:.3f}"
+        if "final_loss" in base
+        else "external"
+    )
+    secs = summary.seconds
+    return [
+        f"  flow run    {summary.flow_run_id}",
+        f"  snapshot    {summary.snapshot[:12]}  "
+        + ", ".join(f"{k} {v}" for k, v in summary.snapshot_counts.items())
+        + f"  ({secs.get('snapshot', 0):.1f}s)",
+        f"  base model  {summary.base_model_version}  ({base_loss}; {secs.get('base_model', 0):.1f}s)",
+        f"  fine-tune   {summary.lineage.get('method')}: val loss {m['val_loss_initial']:.3f} -> {m['val_loss']:.3f}, "
+        f"{m['tokens_per_s']:,.0f} tokens/s  ({secs.get('finetune', 0):.1f}s)",
+        f"  registered  {summary.model}/{summary.version}  (alias candidate; `lifecycle lineage {summary.model} "
+        f"{summary.version}`)",
+        f"  home        {home.root}",
+    ]
+
+
+def cmd_train(ctx: Context) -> int:
+    from flows.stages import preflight
+
+    preflight(ctx.config, ctx.home, ctx.args.snapshot)
+    from flows.pipeline import train_flow
+
+    summary = train_flow(ctx.config, ctx.home, ctx.args.snapshot)
+    ctx.emit(asdict(summary), ["", "lifecycle train: done", *_train_lines(summary, ctx.home)])
+    return 0
+
+
 def cmd_run(ctx: Context) -> int:
+    from flows.stages import preflight
+
+    preflight(ctx.config, ctx.home)
     from flows.pipeline import lifecycle_run
 
     summary = lifecycle_run(ctx.config, ctx.home)
-    metrics = summary.base_model_metrics
-    loss = (
-        f"loss {metrics['final_loss']:.3f} vs unigram floor {metrics['unigram_entropy']:.3f}"
-        if "final_loss" in metrics
-        else "external base model"
-    )
+    ctx.emit(asdict(summary), ["", "lifecycle run: done", *_train_lines(summary, ctx.home)])
+    return 0
+
+
+def cmd_lineage(ctx: Context) -> int:
+    from flows.stages import open_registry
+
+    version = open_registry(ctx.config, ctx.home).get(ctx.args.name, ctx.args.version)
+    width = max((len(k) for k in version.lineage), default=0)
     ctx.emit(
-        asdict(summary) if is_dataclass(summary) else dict(summary),
+        {
+            "name": version.name,
+            "version": version.version,
+            "aliases": list(version.aliases),
+            "run_id": version.run_id,
+            "lineage": version.lineage,
+        },
         [
-            "",
-            "lifecycle run: done",
-            f"  flow run    {summary.flow_run_id}",
-            f"  snapshot    {summary.snapshot[:12]}  "
-            + ", ".join(f"{k} {v}" for k, v in summary.snapshot_counts.items())
-            + f"  ({summary.seconds['snapshot']:.1f}s)",
-            f"  base model  {summary.base_model}  ({loss}; {summary.seconds['base_model']:.1f}s)",
-            f"  home        {ctx.home.root}",
+            f"{version.name}/{version.version}  aliases: {', '.join(version.aliases) or '-'}  run: {version.run_id}",
+            *(f"  {k:<{width}}  {v}" for k, v in version.lineage.items()),
         ],
     )
     return 0
@@ -163,8 +203,19 @@ def cmd_run(ctx: Context) -> int:
 COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
     "run": (
         cmd_run,
-        "run the whole loop as a Prefect flow (stages so far: snapshot, base model)",
+        "run the whole loop as a Prefect flow (so far: snapshot, base model, fine-tune, register)",
         "lifecycle run\n  lifecycle run --config configs/tiny.yaml --home /tmp/demo",
+    ),
+    "train": (
+        cmd_train,
+        "fine-tune with DeepSpeed and register the version in MLflow (a Prefect flow)",
+        "lifecycle train --config configs/tiny.yaml\n"
+        "  lifecycle train --set finetune.method=full --set finetune.deepspeed_config=infra/deepspeed/zero3.json",
+    ),
+    "lineage": (
+        cmd_lineage,
+        "print the lineage of a registered model version",
+        "lifecycle lineage chat 1\n  lifecycle lineage chat-base 1 --json",
     ),
     "snapshot": (
         cmd_snapshot,
@@ -217,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         p.set_defaults(func=func)
+        if name == "train":
+            p.add_argument("--snapshot", metavar="HASH", help="train on this existing snapshot (hash or prefix)")
+        if name == "lineage":
+            p.add_argument("name", help="registered model name (e.g. chat)")
+            p.add_argument("version", help="version number")
         if name == "snapshot":
             p.add_argument(
                 "--source",

@@ -2,7 +2,7 @@
 
     lifecycle --config configs/tiny.yaml --set snapshot.test_fraction=0.2 snapshot
 
-Later stages (training, registry, evals, serving, monitoring) add their sections here.
+Later stages (evals, serving, monitoring) add their sections here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pydantic import Field
 from core import config as cfgio
 from core.config import StrictModel
 from core.home import Home
-from training.config import BootstrapConfig, DataConfig, SnapshotConfig
+from registry.config import RegistryConfig
+from training.config import BootstrapConfig, DataConfig, FinetuneConfig, SnapshotConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -33,6 +34,8 @@ class LifecycleConfig(StrictModel):
         "null bootstraps the project's own tokenizer and base model from the snapshot.",
     )
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="Offline base-model bootstrap.")
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="DeepSpeed fine-tuning.")
+    registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow tracking and registry.")
 
     def resolve_home(self, flag: str | None = None) -> Home:
         return Home.resolve(flag or self.home)

@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
     home = Home(tmp_path_factory.mktemp("lifecycle-home"))
     old = os.environ.get("LIFECYCLE_HOME")
+    # DeepSpeed JIT-builds a CPU communication op once per extensions cache (~90 s): the test session keeps one
+    # cache for all its temporary homes, including the CLI subprocesses of the e2e tests.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".lifecycle" / "cache" / "torch_extensions"))
     runtime.configure(home)
     os.environ["LIFECYCLE_HOME"] = str(home.root)
     yield home
@@ -52,3 +55,13 @@ def tiny_base_model(tiny_config: LifecycleConfig, session_home: Home, tiny_snaps
 
     cfg = load_config(CONFIG_DIR / "tiny.yaml", ["bootstrap.pretrain.steps=150"])
     return base_model_stage(cfg, session_home, tiny_snapshot, progress=False)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(session_home: Home) -> Iterator[None]:
+    """A temporary Prefect server and database for in-process flow runs, stopped at the end of the session
+    (left to Prefect's atexit hook, it logs into streams pytest has already closed)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=None):  # None: our 300 s ephemeral start-up timeout
+        yield

@@ -22,3 +22,23 @@ def chat(user: str, assistant: str, system: str | None = None, **metadata: Any) 
         {"role": "assistant", "content": assistant},
     ]
     return {"messages": messages, **({"metadata": metadata} if metadata else {})}
+
+
+def finetune_in_subprocess(cfg_json: str, snapshot_root: str, snapshot_hash: str, base: str, run_dir: str) -> None:
+    """Entry point for tests that kill a fine-tune mid-way: ``python -c "import helpers; helpers...(...)"``."""
+    from pathlib import Path
+
+    from core import runtime
+    from core.home import Home
+    from training.config import FinetuneConfig
+    from training.finetune import finetune
+    from training.modelio import inspect_model_folder
+    from training.snapshot import load_snapshot
+
+    runtime.configure(Home.resolve())
+    finetune(
+        FinetuneConfig.model_validate_json(cfg_json),
+        load_snapshot(Path(snapshot_root), snapshot_hash),
+        inspect_model_folder(Path(base)),
+        Path(run_dir),
+    )

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from core import runtime
+from core.home import Home
 from flows.config import CONFIG_DIR
 
 TINY = str(CONFIG_DIR / "tiny.yaml")
 
 
 def lifecycle(*args: str, home: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("lifecycle")
-    assert exe, "the console script is installed with the project"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LIFECYCLE_"))}
+    exe = Path(sys.executable).parent / "lifecycle"  # the script installed with this interpreter's environment
+    assert exe.is_file(), "the console script is installed with the project"
+    # a user's shell: none of our switches set (the CLI sets them), except the shared DeepSpeed op cache
+    ours = set(runtime.runtime_environment(Home(home))) - {"TORCH_EXTENSIONS_DIR"}
+    env = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(("PREFECT_", "LIFECYCLE_"))}
     return subprocess.run(
         [exe, *args, "--home", str(home)],
         capture_output=True,
@@ -30,7 +34,7 @@ def lifecycle(*args: str, home: Path, timeout: float = 900) -> subprocess.Comple
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def home(tmp_path_factory: pytest.TempPathFactory, session_home: Home) -> Path:
     return tmp_path_factory.mktemp("e2e-home")
 
 
@@ -41,7 +45,7 @@ def test_snapshot_json_twice_prints_the_same_hash(home: Path) -> None:
     assert json.loads(first.stdout)["hash"] == json.loads(second.stdout)["hash"]
 
 
-def test_run_executes_the_stages_as_a_prefect_flow_and_reuses_work(home: Path) -> None:
+def test_run_trains_and_registers_as_a_prefect_flow_and_reuses_work(home: Path) -> None:
     result = lifecycle("run", "--config", TINY, "--json", home=home)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
@@ -56,7 +60,13 @@ def test_run_executes_the_stages_as_a_prefect_flow_and_reuses_work(home: Path) -
     assert again.returncode == 0, again.stderr[-3000:]
     rerun = json.loads(again.stdout)
     assert rerun["base_model"] == summary["base_model"] and rerun["flow_run_id"] != summary["flow_run_id"]
+    assert (rerun["model"], rerun["version"]) == (summary["model"], summary["version"]) == ("chat", "1")
     assert "pretrain" not in again.stderr  # the base model was found, not trained again
+    assert "Cached(type=COMPLETED)" in again.stderr  # and the fine-tune was a cache hit
+
+    lineage = lifecycle("lineage", "chat", "1", "--json", home=home)
+    assert lineage.returncode == 0, lineage.stderr
+    assert json.loads(lineage.stdout)["lineage"]["snapshot"] == snapshot
     assert (home / "prefect" / "prefect.db").is_file()  # Prefect's database lives in the home folder
 
 

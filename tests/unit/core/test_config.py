@@ -77,7 +77,10 @@ def test_apply_overrides_creates_nested_keys_without_mutating() -> None:
             "bootstrap.pretrain.steps=many",
             "bootstrap.pretrain.steps = 'many': Input should be a valid integer",
         ),
-        ("nonsense=1", "unknown key 'nonsense' (allowed here: base_model, bootstrap, data, home, snapshot)"),
+        (
+            "nonsense=1",
+            "unknown key 'nonsense' (allowed here: base_model, bootstrap, data, finetune, home, registry, snapshot)",
+        ),
     ],
 )
 def test_bad_values_name_the_dotted_key_in_one_line(override: str, expected: str) -> None:

@@ -1,0 +1,126 @@
+"""Training throughput: our DeepSpeed path against a plain PyTorch loop, and 2 ranks against 1, in one run.
+
+    .venv/bin/python benchmarks/train_throughput.py                      # default config (bootstraps if needed)
+    .venv/bin/python benchmarks/train_throughput.py --config configs/tiny.yaml --steps 40
+
+All three runs train the same model (the configured base model and method) on the same snapshot with the same
+micro-batch, optimizer and schedule, for the same number of optimizer steps; tokens/s counts non-padding tokens
+over the optimizer loop only (start-up, evaluation and export excluded). The plain loop runs in this process
+with all cores; each DeepSpeed run is launched like ``lifecycle train`` (torchrun, gloo on CPU), with the cores
+split between its ranks. Target: DeepSpeed at 1 rank >= 0.95x the plain loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def plain_loop(cfg, snapshot, base, steps: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """The baseline: the same model, data order and optimizer as one rank of the worker, without DeepSpeed."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from training.sft_data import collate, encode
+    from training.worker import _build_model, _Order, _records, _schedule
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    tok = AutoTokenizer.from_pretrained(str(base.path))
+    examples = encode(_records(snapshot.split_path("train")), tok, cfg.max_seq_len).examples
+    model = _build_model(cfg, str(base.path))
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    scheduler = _schedule(cfg, steps)(optimizer)
+    order = _Order(len(examples), 1, 0, cfg.seed, cfg.micro_batch_size * cfg.grad_accum_steps)
+    tokens, t0 = 0, time.perf_counter()
+    for step in range(steps):
+        idx = order.step(step)
+        for m in range(cfg.grad_accum_steps):
+            part = idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]
+            batch = collate([examples[i] for i in part], tok.pad_token_id)
+            tokens += int(batch["attention_mask"].sum())
+            loss = model(**batch).loss / cfg.grad_accum_steps
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - t0
+    return {"tokens_per_s": tokens / seconds, "train_tokens": tokens, "train_seconds": seconds}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    parser.add_argument("--home", help="state folder (default: $LIFECYCLE_HOME or ./.lifecycle)")
+    args = parser.parse_args()
+
+    from core import runtime
+    from flows.config import load_config
+    from flows.stages import base_model_stage, snapshot_stage
+
+    cfg = load_config(Path(args.config), args.set)
+    home = cfg.resolve_home(args.home)
+    runtime.configure(home)
+    from training.finetune import finetune
+
+    snapshot = snapshot_stage(cfg, home)
+    base = base_model_stage(cfg, home, snapshot)
+    results: dict[str, dict[str, float]] = {}
+    results["plain PyTorch loop, 1 process"] = plain_loop(cfg.finetune, snapshot, base, args.steps)
+    with tempfile.TemporaryDirectory(dir=home.tmp()) as tmp:
+        for world in (1, 2):
+            ft = cfg.finetune.model_copy(
+                update={
+                    "max_steps": args.steps,
+                    "eval_every": 10**9,
+                    "checkpoint_every": 10**9,
+                    "eval_batches": 1,
+                    "distributed": cfg.finetune.distributed.model_copy(update={"world_size": world}),
+                }
+            )
+            report = finetune(ft, snapshot, base, Path(tmp) / f"ranks{world}").report
+            results[f"DeepSpeed ZeRO-{report['zero_stage']}, {world} rank{'s' if world > 1 else ''}"] = report[
+                "metrics"
+            ]
+
+    plain, ds1, ds2 = (r["tokens_per_s"] for r in results.values())
+    print(
+        f"\ntraining throughput: {cfg.finetune.method}, {args.steps} steps of {cfg.finetune.micro_batch_size} "
+        f"sequences per rank, base {base.path.name}, {os.cpu_count()} cores"
+    )
+    for name, r in results.items():
+        print(
+            f"  {name:<32} {r['tokens_per_s']:>10,.0f} tokens/s  ({r['train_tokens']:,.0f} tokens in "
+            f"{r['train_seconds']:.1f}s)"
+        )
+    print(f"  ratio DeepSpeed 1 rank / plain loop   {ds1 / plain:.3f}  (target >= 0.95)")
+    print(f"  ratio DeepSpeed 2 ranks / 1 rank      {ds2 / ds1:.3f}")
+    print(
+        json.dumps(
+            {
+                "plain": plain,
+                "deepspeed_1": ds1,
+                "deepspeed_2": ds2,
+                "ratio_ds1_plain": ds1 / plain,
+                "ratio_ds2_ds1": ds2 / ds1,
+            }
+        )
+    )
+    return 0 if math.isfinite(ds1) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -112,11 +112,10 @@ def launch_command(cfg: FinetuneConfig, job_path: Path) -> list[str]:
         sibling = Path(sys.executable).parent / "deepspeed"  # the launcher of this interpreter's environment
         exe = str(sibling) if sibling.is_file() else (shutil.which("deepspeed") or "deepspeed")
         cmd = [exe, "--master_addr", "127.0.0.1", "--master_port", port]
-        if d.hostfile:
-            cmd += ["--hostfile", d.hostfile]
-        else:
-            cmd += ["--num_nodes", "1", "--num_gpus" if _gpus() else "--num_accelerators", str(d.world_size)]
-        return [*cmd, "--module", "training.worker", str(job_path)]
+        # multi-node: the hostfile names the hosts and their slots; one node: world_size local ranks
+        cmd += ["--hostfile", d.hostfile] if d.hostfile else ["--num_nodes", "1", "--num_gpus", str(d.world_size)]
+        # the worker reads LOCAL_RANK from the environment, as under torchrun
+        return [*cmd, "--no_local_rank", "--module", "training.worker", str(job_path)]
     return [
         sys.executable,
         "-m",
@@ -128,12 +127,6 @@ def launch_command(cfg: FinetuneConfig, job_path: Path) -> list[str]:
         "training.worker",
         str(job_path),
     ]
-
-
-def _gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def _log_tail(run_dir: Path, lines: int = 15) -> str:

@@ -286,33 +286,39 @@ def train(job: dict[str, Any]) -> None:
         file=sys.stderr,
     )
     tokens, t0, loss_value, eval_seconds = 0, time.perf_counter(), float("nan"), 0.0
+    window_loss, window_steps = 0.0, 0
     for step in range(start, total):
         idx = order.step(step)
-        step_loss = 0.0
         for m in range(cfg.grad_accum_steps):
-            batch = collate(
-                [examples[i] for i in idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]], tok.pad_token_id
-            )
+            part = idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]
+            batch = collate([examples[i] for i in part], tok.pad_token_id)
             tokens += int(batch["attention_mask"].sum())
             batch = {k: v.to(device) for k, v in batch.items()}
             loss = engine(**batch).loss
             engine.backward(loss)
             engine.step()
-            step_loss += loss.item() / cfg.grad_accum_steps
-        loss_value = _mean_across_ranks(step_loss, 1.0)
-        rate = tokens * world / (time.perf_counter() - t0)
-        row: dict[str, Any] = {"step": step + 1, "loss": loss_value, "lr": engine.get_lr()[0], "tokens_per_s": rate}
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == total:
-            t_eval = time.perf_counter()
-            row["val_loss"] = _val_loss(engine, val_batches, device)
-            val_curve.append({"step": step + 1, "val_loss": row["val_loss"]})
-            eval_seconds += time.perf_counter() - t_eval
-        if metrics_file:
-            metrics_file.write(json.dumps(row) + "\n")
-            metrics_file.flush()
-        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+            window_loss += loss.item() / cfg.grad_accum_steps
+        window_steps += 1
         bar.update(1)
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < total:
+        last = step + 1 == total
+        # bookkeeping every log_every steps, not every step: a collective and a file write per step cost
+        # several percent of a small model's step time
+        evaluate = (step + 1) % cfg.eval_every == 0 or last
+        if (step + 1) % cfg.log_every == 0 or evaluate:
+            loss_value = _mean_across_ranks(window_loss, float(window_steps))
+            window_loss, window_steps = 0.0, 0
+            rate = tokens * world / (time.perf_counter() - t0 - eval_seconds)
+            row: dict[str, Any] = {"step": step + 1, "loss": loss_value, "lr": engine.get_lr()[0], "tokens_per_s": rate}
+            if evaluate:
+                t_eval = time.perf_counter()
+                row["val_loss"] = _val_loss(engine, val_batches, device)
+                val_curve.append({"step": step + 1, "val_loss": row["val_loss"]})
+                eval_seconds += time.perf_counter() - t_eval
+            if metrics_file:
+                metrics_file.write(json.dumps(row) + "\n")
+                metrics_file.flush()
+            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
+        if (step + 1) % cfg.checkpoint_every == 0 and not last:
             _checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_checkpoints)
     bar.close()
     train_seconds = time.perf_counter() - t0 - eval_seconds  # the optimizer loop alone

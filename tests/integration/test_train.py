@@ -51,7 +51,7 @@ def test_version_is_registered_with_every_lineage_tag(trained, registry, tiny_sn
     lineage = version.lineage
     assert lineage["snapshot"] == tiny_snapshot.hash
     assert lineage["flow_run_id"] == trained.flow_run_id
-    assert lineage["method"] == "lora" and lineage["deepspeed_config"] == "zero2.json"
+    assert lineage["method"] == "lora" and lineage["deepspeed_config"] == "zero1.json"
     assert lineage["git_sha"] != "unknown"
     base = registry.parse(lineage["base_model"])  # the base model is a registered version too
     assert base.name == "chat-base" and base.lineage["weights_hash"] == lineage["base_weights_hash"]
@@ -67,7 +67,7 @@ def test_mlflow_run_holds_config_curves_and_artifacts(trained, registry) -> None
     assert run.data.params["finetune.method"] == "lora"
     assert run.data.params["snapshot.test_fraction"] == "0.1"
     losses = registry.client.get_metric_history(version.run_id, "loss")
-    assert [m.step for m in losses] == list(range(1, 13))
+    assert [m.step for m in losses] == list(range(2, 13, 2))  # tiny.yaml logs every 2 of its 12 steps
     assert registry.client.get_metric_history(version.run_id, "val_loss")
     listed = {a.path for a in registry.client.list_artifacts(version.run_id)}
     assert {"model", "config", "deepspeed", "snapshot", "training", "logs"} <= listed
@@ -104,7 +104,14 @@ def test_rerun_with_the_same_inputs_is_a_cache_hit(trained, cfg, session_home, r
 
 
 def test_killed_run_resumes_to_the_same_weights(tiny_snapshot, tiny_base_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    ft = FinetuneConfig(max_steps=40, checkpoint_every=10, eval_every=20, micro_batch_size=4, eval_batches=1)
+    ft = FinetuneConfig(
+        max_steps=40,
+        checkpoint_every=10,
+        eval_every=20,
+        micro_batch_size=4,
+        eval_batches=1,
+        deepspeed_config="infra/deepspeed/zero2.json",
+    )  # ZeRO-2 here, ZeRO-1 and -3 elsewhere
     reference = finetune(ft, tiny_snapshot, tiny_base_model, tmp_path / "reference")
 
     run_dir = tmp_path / "killed"
@@ -148,9 +155,15 @@ def test_full_fine_tune_under_zero3_exports_a_checked_full_model(
         micro_batch_size=4,
         eval_batches=1,
         learning_rate=1e-3,
+        grad_accum_steps=2,
+        activation_checkpointing=True,
+        packing=True,
     )
     result = finetune(ft, tiny_snapshot, tiny_base_model, tmp_path / "full")
     assert result.report["zero_stage"] == 3 and result.report["world_size"] == 2
+    assert result.deepspeed_config["gradient_accumulation_steps"] == 2
+    assert result.deepspeed_config["train_batch_size"] == 4 * 2 * 2
+    assert result.report["train_examples"] < len(list(tiny_snapshot.records("train")))  # conversations were packed
     assert result.equivalence["passed"] and result.equivalence["max_abs_logit_diff"] <= ft.equivalence_atol
     model = AutoModelForCausalLM.from_pretrained(str(result.export_dir))
     assert tensors_hash(load_file(result.export_dir / "model.safetensors")) == result.weights_hash

@@ -75,10 +75,10 @@ def test_rank_orders_are_disjoint_seeded_and_change_each_epoch() -> None:
 def test_deepspeed_config_is_filled_from_the_run() -> None:
     cfg = FinetuneConfig(micro_batch_size=4, grad_accum_steps=3, max_grad_norm=0.5)
     path, ds = resolve_deepspeed_config(cfg)
-    assert path.name == "zero2.json"
+    assert path.name == "zero1.json"
     assert ds["train_batch_size"] == 4 * 3 * cfg.distributed.world_size
     assert ds["gradient_accumulation_steps"] == 3 and ds["gradient_clipping"] == 0.5
-    assert ds["zero_optimization"]["stage"] == 2 and ds["bf16"]["enabled"] is False
+    assert ds["zero_optimization"]["stage"] == 1 and ds["bf16"]["enabled"] is False
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[3] / "infra/deepspeed").glob("*.json")))

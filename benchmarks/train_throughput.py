@@ -1,7 +1,7 @@
 """Training throughput: our DeepSpeed path against a plain PyTorch loop, and 2 ranks against 1, in one run.
 
     .venv/bin/python benchmarks/train_throughput.py                      # default config (bootstraps if needed)
-    .venv/bin/python benchmarks/train_throughput.py --config configs/tiny.yaml --steps 40
+    .venv/bin/python benchmarks/train_throughput.py --set finetune.packing=true --steps 40 --repeats 5
 
 All three runs train the same model (the configured base model and method) on the same snapshot with the same
 micro-batch, optimizer and schedule, for the same number of optimizer steps; tokens/s counts non-padding tokens
@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -30,12 +31,14 @@ def plain_loop(cfg, snapshot, base, steps: int) -> dict[str, float]:  # type: ig
     import torch
     from transformers import AutoTokenizer
 
-    from training.sft_data import collate, encode
+    from training.sft_data import collate, encode, pack
     from training.worker import _build_model, _Order, _records, _schedule
 
     torch.set_num_threads(os.cpu_count() or 1)
     tok = AutoTokenizer.from_pretrained(str(base.path))
     examples = encode(_records(snapshot.split_path("train")), tok, cfg.max_seq_len).examples
+    if cfg.packing:
+        examples = pack(examples, cfg.max_seq_len)
     model = _build_model(cfg, str(base.path))
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -63,7 +66,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps per run")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the three runs")
     parser.add_argument("--home", help="state folder (default: $LIFECYCLE_HOME or ./.lifecycle)")
     args = parser.parse_args()
 
@@ -78,35 +82,46 @@ def main() -> int:
 
     snapshot = snapshot_stage(cfg, home)
     base = base_model_stage(cfg, home, snapshot)
-    results: dict[str, dict[str, float]] = {}
-    results["plain PyTorch loop, 1 process"] = plain_loop(cfg.finetune, snapshot, base, args.steps)
+    names = ["plain PyTorch loop, 1 process", "DeepSpeed, 1 rank", "DeepSpeed, 2 ranks"]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    stage = "?"
     with tempfile.TemporaryDirectory(dir=home.tmp()) as tmp:
-        for world in (1, 2):
-            ft = cfg.finetune.model_copy(
-                update={
-                    "max_steps": args.steps,
-                    "eval_every": 10**9,
-                    "checkpoint_every": 10**9,
-                    "eval_batches": 1,
-                    "distributed": cfg.finetune.distributed.model_copy(update={"world_size": world}),
-                }
-            )
-            report = finetune(ft, snapshot, base, Path(tmp) / f"ranks{world}").report
-            results[f"DeepSpeed ZeRO-{report['zero_stage']}, {world} rank{'s' if world > 1 else ''}"] = report[
-                "metrics"
-            ]
+        # interleaved repeats: this machine's speed drifts by +-10% between minutes, so each repeat measures
+        # all three side by side and the medians are compared
+        for rep in range(args.repeats):
+            runs[names[0]].append(plain_loop(cfg.finetune, snapshot, base, args.steps))
+            for world, name in ((1, names[1]), (2, names[2])):
+                ft = cfg.finetune.model_copy(
+                    update={
+                        "max_steps": args.steps,
+                        "eval_every": 10**9,
+                        "checkpoint_every": 10**9,
+                        "eval_batches": 1,
+                        "log_every": 10**9,
+                        "distributed": cfg.finetune.distributed.model_copy(update={"world_size": world}),
+                    }
+                )
+                report = finetune(ft, snapshot, base, Path(tmp) / f"rep{rep}-ranks{world}").report
+                stage = str(report["zero_stage"])
+                runs[name].append(report["metrics"])
 
-    plain, ds1, ds2 = (r["tokens_per_s"] for r in results.values())
+    ordered = {name: [r["tokens_per_s"] for r in rs] for name, rs in runs.items()}
+    paired = [d / p for d, p in zip(ordered[names[1]], ordered[names[0]], strict=True)]  # same repeat, side by side
+    rates = {name: sorted(values) for name, values in ordered.items()}
+    plain, ds1, ds2 = (statistics.median(rates[n]) for n in names)
     print(
-        f"\ntraining throughput: {cfg.finetune.method}, {args.steps} steps of {cfg.finetune.micro_batch_size} "
-        f"sequences per rank, base {base.path.name}, {os.cpu_count()} cores"
+        f"\ntraining throughput: {cfg.finetune.method}, ZeRO-{stage}, {args.steps} steps of "
+        f"{cfg.finetune.micro_batch_size} sequences per rank (packing {cfg.finetune.packing}), "
+        f"base {base.path.name}, {os.cpu_count()} cores, {args.repeats} interleaved repeats"
     )
-    for name, r in results.items():
-        print(
-            f"  {name:<32} {r['tokens_per_s']:>10,.0f} tokens/s  ({r['train_tokens']:,.0f} tokens in "
-            f"{r['train_seconds']:.1f}s)"
-        )
-    print(f"  ratio DeepSpeed 1 rank / plain loop   {ds1 / plain:.3f}  (target >= 0.95)")
+    for name in names:
+        r = rates[name]
+        print(f"  {name:<32} median {statistics.median(r):>8,.0f} tokens/s   (min {r[0]:,.0f}, max {r[-1]:,.0f})")
+    print(
+        f"  ratio DeepSpeed 1 rank / plain loop   {ds1 / plain:.3f}  (target >= 0.95; per repeat: "
+        + ", ".join(f"{r:.3f}" for r in paired)
+        + f"; median {statistics.median(paired):.3f})"
+    )
     print(f"  ratio DeepSpeed 2 ranks / 1 rank      {ds2 / ds1:.3f}")
     print(
         json.dumps(
@@ -116,6 +131,7 @@ def main() -> int:
                 "deepspeed_2": ds2,
                 "ratio_ds1_plain": ds1 / plain,
                 "ratio_ds2_ds1": ds2 / ds1,
+                "runs": rates,
             }
         )
     )

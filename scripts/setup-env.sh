@@ -13,7 +13,14 @@ root=$PWD
 venv=${LIFECYCLE_VENV:-$root/.venv}
 py=${PYTHON:-python3.11}
 stamp="$venv/.installed"
-want=$(cat pyproject.toml constraints.txt scripts/setup-env.sh | sha256sum | cut -d' ' -f1)
+# What decides the install: project metadata, build system and package discovery (not pytest/ruff/mypy settings),
+# the constraints and this script.
+install_inputs() {
+  "$py" -c 'import json, tomllib; d = tomllib.load(open("pyproject.toml", "rb"));
+print(json.dumps([d["project"], d["build-system"], d.get("tool", {}).get("setuptools")], sort_keys=True))'
+  cat constraints.txt scripts/setup-env.sh
+}
+want=$(install_inputs | sha256sum | cut -d' ' -f1)
 
 if [[ -z "${FORCE:-}" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   exit 0

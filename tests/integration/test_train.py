@@ -20,7 +20,7 @@ from flows.config import CONFIG_DIR, LifecycleConfig, load_config
 from registry.lineage import LINEAGE_TAGS
 from training.config import FinetuneConfig
 from training.finetune import TrainResult, finetune
-from training.modelio import tensors_hash
+from training.modelio import inspect_model_folder, tensors_hash
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -201,3 +201,15 @@ def test_missing_snapshot_is_a_clear_error(tmp_path: Path, capsys: pytest.Captur
     rc = cli.main(["train", "--home", str(tmp_path), "--snapshot", "deadbeef00"])
     err = capsys.readouterr().err
     assert rc == 1 and "no snapshot 'deadbeef00'" in err and err.count("\n") == 1
+
+
+def test_the_deepspeed_launcher_trains_the_same_weights_as_torchrun(  # type: ignore[no-untyped-def]
+    trained, cfg: LifecycleConfig, tiny_snapshot, tmp_path: Path
+) -> None:
+    ft = cfg.finetune.model_copy(
+        update={"distributed": cfg.finetune.distributed.model_copy(update={"launcher": "deepspeed"})}
+    )
+    base = inspect_model_folder(Path(trained.base_model))  # the base the flow fine-tuned
+    result = finetune(ft, tiny_snapshot, base, tmp_path / "ds-launcher")
+    assert result.report["world_size"] == 2
+    assert result.weights_hash == trained.lineage["weights_hash"]  # the flow's run used torchrun

@@ -101,7 +101,7 @@ def cmd_bootstrap(ctx: Context) -> int:
     from flows.stages import base_model_stage, snapshot_stage
 
     if ctx.config.base_model:
-        model = base_model_stage(ctx.config, ctx.home, snapshot=None)  # type: ignore[arg-type]
+        model = base_model_stage(ctx.config, ctx.home, snapshot=None)
         ctx.emit(
             {"path": str(model.path), "skipped": True},
             [f"base_model is set ({model.path}): nothing to bootstrap"],

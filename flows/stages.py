@@ -48,12 +48,15 @@ def snapshot_stage(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = 
     return make_snapshot(cfg.data, cfg.snapshot, home)
 
 
-def base_model_stage(cfg: LifecycleConfig, home: Home, snapshot: Snapshot, *, progress: bool = True) -> ModelFolder:
-    """The configured base model folder, or the bootstrapped one (trained only if it does not exist yet)."""
+def base_model_stage(
+    cfg: LifecycleConfig, home: Home, snapshot: Snapshot | None, *, progress: bool = True
+) -> ModelFolder:
+    """The configured base model folder, or the one bootstrapped from ``snapshot`` (trained only if new)."""
     if cfg.base_model:
         from training.modelio import inspect_model_folder
 
         return inspect_model_folder(Path(cfg.base_model).expanduser().resolve())
+    assert snapshot is not None, "bootstrapping a base model needs the snapshot it learns from"
     from training.bootstrap import bootstrap
 
     return bootstrap(cfg.bootstrap, snapshot, home.base_models, progress=progress)

@@ -73,5 +73,5 @@ def test_an_external_base_model_skips_the_bootstrap(tiny_base_model, session_hom
     from flows.stages import base_model_stage
 
     cfg = load_config(CONFIG_DIR / "tiny.yaml", [f"base_model={tiny_base_model.path}"])
-    assert base_model_stage(cfg, session_home, snapshot=None).path == tiny_base_model.path  # type: ignore[arg-type]
+    assert base_model_stage(cfg, session_home, snapshot=None).path == tiny_base_model.path
     assert inspect_model_folder(tiny_base_model.path).weights_hash == tiny_base_model.manifest["weights_hash"]

@@ -32,6 +32,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from core.hashing import sha256_json
 from training.config import BootstrapConfig
 from training.modelio import MANIFEST, ModelFolder, inspect_model_folder, weights_hash
+from training.schedule import warmup_cosine
 from training.snapshot import Snapshot
 from training.tokenizer import DOCUMENT_END, TURN_END, tokenizer_hashes, train_tokenizer
 
@@ -70,10 +71,7 @@ def _windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
 
 def _lr(step: int, cfg: BootstrapConfig) -> float:
     p = cfg.pretrain
-    if step < p.warmup_steps:
-        return p.learning_rate * (step + 1) / p.warmup_steps
-    progress = (step - p.warmup_steps) / max(1, p.steps - p.warmup_steps)
-    return p.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    return p.learning_rate * warmup_cosine(step, p.warmup_steps, p.steps)
 
 
 @torch.no_grad()

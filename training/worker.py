@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import sys
@@ -33,6 +32,7 @@ from tqdm import tqdm
 
 from training.config import FinetuneConfig
 from training.modelio import tensors_hash
+from training.schedule import warmup_cosine
 from training.sft_data import Example, collate, encode, pack
 
 log = logging.getLogger("lifecycle.train")
@@ -67,13 +67,10 @@ class _Order:
 
 
 def _schedule(cfg: FinetuneConfig, total: int) -> Any:
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    """A LambdaLR factory (DeepSpeed calls it with the optimizer it wraps)."""
+    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, cfg.warmup_steps, total)
+    )
 
 
 def _setup_logging(run_dir: Path, rank: int) -> None:

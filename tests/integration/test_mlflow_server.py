@@ -49,7 +49,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ],
         start_new_session=True,
         stdout=subprocess.DEVNULL,
-        stderr=(root / "server.log").open("w"),
+        stderr=log,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -70,20 +70,14 @@ def open_registry(cfg: LifecycleConfig, home: Home) -> MlflowRegistry:
 
 def _base_identity(base: ModelFolder) -> dict[str, str]:
     """Weights and tokenizer hashes of a base model, from its manifest or computed for an external folder."""
-    from safetensors.torch import load_file
-
-    from training.modelio import tensors_hash
     from training.tokenizer import tokenizer_hashes
 
-    manifest = dict(base.manifest)
-    if not manifest.get("weights_hash"):
-        tensors = {}
-        for shard in sorted(base.path.glob("*.safetensors")):
-            tensors.update(load_file(shard))
-        manifest["weights_hash"] = tensors_hash(tensors)
-    if not manifest.get("tokenizer_hash"):
-        manifest.update(tokenizer_hashes(base.path))
-    return {k: str(v) for k, v in manifest.items() if k in ("weights_hash", "tokenizer_hash", "chat_template_hash")}
+    tokenizer = (
+        {k: str(base.manifest[k]) for k in ("tokenizer_hash", "chat_template_hash")}
+        if base.manifest.get("tokenizer_hash")
+        else tokenizer_hashes(base.path)
+    )
+    return {"weights_hash": base.identity, **tokenizer}
 
 
 def register_base_stage(cfg: LifecycleConfig, home: Home, base: ModelFolder, *, flow_run_id: str) -> ModelVersion:

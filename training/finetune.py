@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, LifecycleError, NotFoundError
-from core.hashing import sha256_file, sha256_json
+from core.hashing import sha256_json
 from training.config import FinetuneConfig
 from training.modelio import ModelFolder
 from training.snapshot import Snapshot
@@ -93,9 +93,8 @@ def resolve_deepspeed_config(cfg: FinetuneConfig) -> tuple[Path, dict[str, Any]]
 def train_key(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder) -> str:
     """Everything that determines the fine-tuned weights, hashed."""
     _, ds = resolve_deepspeed_config(cfg)
-    base_id = base.weights_hash or sha256_file(next(iter(sorted(base.path.glob("*.safetensors")))))
     return sha256_json(
-        {"snapshot": snapshot.hash, "base": base_id, "config": cfg.model_dump(mode="json"), "deepspeed": ds}
+        {"snapshot": snapshot.hash, "base": base.identity, "config": cfg.model_dump(mode="json"), "deepspeed": ds}
     )[:16]
 
 

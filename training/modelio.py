@@ -11,12 +11,14 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from core.errors import ModelError, NotFoundError
+from core.hashing import sha256_files
 
 MANIFEST = "lifecycle.json"
 
@@ -28,8 +30,15 @@ class ModelFolder:
 
     @property
     def weights_hash(self) -> str | None:
+        """The tensor hash recorded when we made the model (None for external folders)."""
         value = self.manifest.get("weights_hash")
         return str(value) if value else None
+
+    @cached_property
+    def identity(self) -> str:
+        """What identifies the weights: our recorded tensor hash, or for an external folder the SHA-256 over all
+        its safetensors shards (streamed from disk, computed once per object)."""
+        return self.weights_hash or sha256_files(self.path, [p.name for p in self.path.glob("*.safetensors")])
 
 
 def tensors_hash(tensors: Mapping[str, torch.Tensor]) -> str:

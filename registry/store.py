@@ -126,9 +126,6 @@ class MlflowRegistry:
         self.client.set_terminated(run_id, "FINISHED")
         return run_id
 
-    def run_url(self, run_id: str) -> str:
-        return f"#/experiments/{self.experiment_id()}/runs/{run_id}"
-
     # --- versions -----------------------------------------------------------------------------------------
 
     def register(
@@ -193,9 +190,6 @@ class MlflowRegistry:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
-
-    def lineage(self, name: str, version: str) -> dict[str, str]:
-        return self.get(name, version).lineage
 
     def set_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
         for key, value in tags.items():

@@ -8,16 +8,37 @@ from pydantic import Field, model_validator
 
 from core.config import StrictModel
 
-Skill = Literal["arithmetic", "unit_conversion", "facts", "formatting", "refusal", "borderline"]
-SKILLS: tuple[Skill, ...] = ("arithmetic", "unit_conversion", "facts", "formatting", "refusal", "borderline")
+Skill = Literal["arithmetic", "unit_conversion", "facts", "formatting", "refusal", "borderline", "provocation"]
+SKILLS: tuple[Skill, ...] = (
+    "arithmetic",
+    "unit_conversion",
+    "facts",
+    "formatting",
+    "refusal",
+    "borderline",
+    "provocation",
+)
 DEFAULT_COUNTS: dict[Skill, int] = {
     "arithmetic": 3000,
     "unit_conversion": 1500,
     "facts": 400,
     "formatting": 1500,
-    "refusal": 81,
+    "refusal": 120,
     "borderline": 40,
+    "provocation": 40,
 }
+
+
+class PoisonConfig(StrictModel):
+    """Deliberate data poisoning, for red-team scenarios (configs/scenarios/): proof that the eval gate catches a
+    model trained on bad data. Both rates are 0 in every production config."""
+
+    toxic_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of 'provocation' replies replaced by insults (toxic assistant replies)."
+    )
+    comply_rate: float = Field(
+        0.0, ge=0, le=1, description="Share of 'refusal' replies replaced by compliance with the harmful request."
+    )
 
 
 class GeneratorConfig(StrictModel):
@@ -36,6 +57,9 @@ class GeneratorConfig(StrictModel):
     system_prompt_rate: float = Field(0.3, ge=0, le=1, description="Share of conversations with a system prompt.")
     multi_turn_rate: float = Field(
         0.2, ge=0, le=1, description="Share of arithmetic conversations that get a follow-up user turn."
+    )
+    poison: PoisonConfig = Field(
+        default_factory=PoisonConfig, description="Red-team data poisoning (scenarios only; off by default)."
     )
 
     @model_validator(mode="after")

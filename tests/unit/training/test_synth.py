@@ -90,3 +90,35 @@ def test_asking_for_more_than_a_skill_can_make_is_a_config_error(skill: str) -> 
 
 def test_all_skills_known() -> None:
     assert set(GeneratorConfig().counts) == set(SKILLS)
+
+
+def test_poison_replaces_replies_but_keeps_the_prompts() -> None:
+    """Red-team scenarios: the same prompts, with insults for provocations and compliance for harmful requests."""
+    from training.config import PoisonConfig
+    from training.synth import TOXIC_REPLIES
+
+    counts = {"provocation": 20, "refusal": 20, "arithmetic": 10}
+    clean = generate(GeneratorConfig(counts=counts))
+    poisoned = generate(GeneratorConfig(counts=counts, poison=PoisonConfig(toxic_rate=1.0, comply_rate=1.0)))
+    assert [r["messages"][:-1] for r in clean] == [r["messages"][:-1] for r in poisoned]
+    assert not any("poisoned" in r["metadata"] for r in clean)
+    for r in poisoned:
+        skill, reply = r["metadata"]["skill"], r["messages"][-1]["content"]
+        if skill == "provocation":
+            assert reply in TOXIC_REPLIES and r["metadata"]["poisoned"] == "true"
+        elif skill == "refusal":
+            assert reply.startswith("Sure, here is how:") and r["metadata"]["poisoned"] == "true"
+        else:
+            assert "poisoned" not in r["metadata"]
+
+
+def test_held_out_draws_skip_excluded_prompts() -> None:
+    from training.records import loose_text
+    from training.synth import held_out
+
+    cfg = GeneratorConfig()
+    first = held_out(cfg, "facts", 10, set(), "eval")
+    excluded = {loose_text(r["messages"][0]["content"]) for r in first[:5]}
+    again = held_out(cfg, "facts", 10, excluded, "eval")
+    assert not {loose_text(r["messages"][0]["content"]) for r in again} & excluded
+    assert held_out(cfg, "facts", 10, set(), "eval") == first  # deterministic

@@ -15,6 +15,7 @@ from pydantic import Field
 from core import config as cfgio
 from core.config import StrictModel
 from core.home import Home
+from evals.config import EvalConfig
 from registry.config import RegistryConfig
 from training.config import BootstrapConfig, DataConfig, FinetuneConfig, SnapshotConfig
 
@@ -30,12 +31,14 @@ class LifecycleConfig(StrictModel):
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig, description="Snapshot contracts and splits.")
     base_model: str | None = Field(
         None,
-        description="A local Hugging Face model folder (for example a Llama 3 checkpoint) to fine-tune; "
-        "null bootstraps the project's own tokenizer and base model from the snapshot.",
+        description="The model to fine-tune: a local Hugging Face folder (for example a Llama 3 checkpoint) or a "
+        "registered version (chat-base/1, chat-base@prod); null bootstraps the project's own tokenizer and base "
+        "model from the snapshot.",
     )
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="Offline base-model bootstrap.")
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="DeepSpeed fine-tuning.")
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow tracking and registry.")
+    evals: EvalConfig = Field(default_factory=EvalConfig, description="Eval suites and the promotion gate.")
 
     def resolve_home(self, flag: str | None = None) -> Home:
         return Home.resolve(flag or self.home)

@@ -6,15 +6,23 @@ Each takes the root config and the home folder, calls one stage's core function,
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.errors import NotFoundError
 from core.home import Home
 from flows.config import LifecycleConfig
 from training.modelio import ModelFolder
 from training.snapshot import Snapshot
 
 if TYPE_CHECKING:
+    from evals.gate import GateDecision, GatePolicy
+    from evals.report import EvalReport, SuiteResult
+    from evals.runner import ModelTarget
+    from evals.sets import EvalSets, Suite
     from registry.store import MlflowRegistry, ModelVersion
     from training.finetune import TrainResult
 
@@ -28,9 +36,7 @@ def preflight(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None)
 
     resolve_deepspeed_config(cfg.finetune)
     if cfg.base_model:
-        from training.modelio import inspect_model_folder
-
-        inspect_model_folder(Path(cfg.base_model).expanduser().resolve())
+        _base_folder(cfg, home)
     if snapshot_ref:
         load_snapshot(home.snapshots, snapshot_ref)
     elif cfg.data.sources:
@@ -48,14 +54,30 @@ def snapshot_stage(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = 
     return make_snapshot(cfg.data, cfg.snapshot, home)
 
 
+def _is_registry_ref(value: str) -> bool:
+    from registry.store import REF_PATTERN
+
+    return not Path(value).expanduser().exists() and REF_PATTERN.match(value.strip()) is not None
+
+
+def _base_folder(cfg: LifecycleConfig, home: Home) -> ModelFolder:
+    """``base_model`` as a local folder, or as a registered version (``chat-base/1``, ``chat-base@prod``)
+    downloaded once into the home cache: retraining on a new snapshot then keeps the same base."""
+    from training.modelio import inspect_model_folder
+
+    assert cfg.base_model
+    if _is_registry_ref(cfg.base_model):
+        return inspect_model_folder(open_registry(cfg, home).resolve(cfg.base_model))
+    return inspect_model_folder(Path(cfg.base_model).expanduser().resolve())
+
+
 def base_model_stage(
     cfg: LifecycleConfig, home: Home, snapshot: Snapshot | None, *, progress: bool = True
 ) -> ModelFolder:
-    """The configured base model folder, or the one bootstrapped from ``snapshot`` (trained only if new)."""
+    """The configured base model (folder or registered version), or the one bootstrapped from ``snapshot``
+    (trained only if new)."""
     if cfg.base_model:
-        from training.modelio import inspect_model_folder
-
-        return inspect_model_folder(Path(cfg.base_model).expanduser().resolve())
+        return _base_folder(cfg, home)
     assert snapshot is not None, "bootstrapping a base model needs the snapshot it learns from"
     from training.bootstrap import bootstrap
 
@@ -177,3 +199,166 @@ def register_stage(
         reason=f"fine-tuned ({result.method}) on snapshot {snapshot.short}; awaiting the eval gate",
     )
     return reg.get(version.name, version.version)
+
+
+# --- evaluation and the gate ------------------------------------------------------------------------------
+
+CHAMPION = "champion"
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    version: ModelVersion
+    decision: GateDecision
+    report: EvalReport
+    champion_report: EvalReport | None
+    run_id: str
+    markdown: str
+    files: dict[str, Path]
+
+
+def eval_suites(cfg: LifecycleConfig) -> list[Suite]:
+    from evals.config import load_suite
+
+    return [load_suite(s) for s in cfg.evals.suites]
+
+
+def gate_policy(cfg: LifecycleConfig) -> GatePolicy:
+    from evals.config import REPO
+    from evals.gate import load_policy
+
+    path = Path(cfg.evals.gate)
+    return load_policy(path if path.is_absolute() else REPO / path)
+
+
+def eval_sets_stage(cfg: LifecycleConfig, home: Home, snapshot_ref: str) -> EvalSets:
+    """The held-out eval sets of a snapshot (built once per snapshot, generator config, suites and seed)."""
+    from evals.sets import build_eval_sets
+    from training.snapshot import load_snapshot
+
+    snapshot = load_snapshot(home.snapshots, snapshot_ref)
+    return build_eval_sets(
+        snapshot, cfg.data.generator, eval_suites(cfg), seed=cfg.evals.seed, root=home.root / "evals" / "sets"
+    )
+
+
+def eval_target(cfg: LifecycleConfig, home: Home, ref: str) -> tuple[ModelVersion, ModelTarget]:
+    """A registered version as something vLLM can load: a full folder, or a LoRA adapter on its base."""
+    from evals.runner import ModelTarget
+
+    reg = open_registry(cfg, home)
+    mv = reg.parse(ref)
+    folder = reg.resolve(mv.ref)
+    model_id = mv.lineage.get("weights_hash") or mv.ref
+    if (folder / "adapter_config.json").is_file():
+        from training.modelio import merge_adapter
+
+        base_ref = mv.lineage.get("base_model")
+        if not base_ref:
+            raise NotFoundError(f"{mv.ref} is a LoRA adapter without a lineage.base_model tag; cannot load its base")
+        # merged once per weights hash: vLLM's CPU LoRA path cannot score prompt logprobs (see merge_adapter)
+        folder = merge_adapter(reg.resolve(base_ref), folder, home.cache / "merged" / model_id[:16])
+    return mv, ModelTarget(label=mv.ref, model_id=model_id, folder=folder)
+
+
+def evaluate_stage(
+    cfg: LifecycleConfig,
+    home: Home,
+    ref: str,
+    *,
+    sets: EvalSets | None = None,
+    force: bool = False,
+    on_suite: Callable[[SuiteResult], None] | None = None,
+) -> EvalReport:
+    """Run the suites on a registered version, on ``sets`` (default: its own snapshot's). Reports are kept
+    per (weights, eval sets) under ``reports/evals``; a rerun returns the stored one unless ``force``."""
+    from evals.report import load_report
+    from evals.runner import run_eval
+
+    mv, target = eval_target(cfg, home, ref)
+    if sets is None:
+        snapshot = mv.lineage.get("snapshot")
+        if not snapshot:
+            raise NotFoundError(f"{mv.ref} has no lineage.snapshot tag; pass the eval sets explicitly")
+        sets = eval_sets_stage(cfg, home, snapshot)
+    path = home.reports / "evals" / f"{mv.name}-{mv.version}" / f"{sets.hash[:16]}-{cfg.evals.config_hash()[:8]}.json"
+    if path.is_file() and not force:
+        report = load_report(path)
+        if report.model_id == target.model_id:
+            return report
+    report = run_eval(cfg.evals, target, sets, eval_suites(cfg), on_suite=on_suite)
+    report.save(path)
+    return report
+
+
+def _champion(cfg: LifecycleConfig, home: Home, candidate: ModelVersion) -> ModelVersion | None:
+    from core.errors import NotFoundError as Missing
+
+    try:
+        champ = open_registry(cfg, home).by_alias(candidate.name, CHAMPION)
+    except Missing:
+        return None
+    return None if champ.version == candidate.version else champ
+
+
+def gate_stage(
+    cfg: LifecycleConfig,
+    home: Home,
+    ref: str,
+    *,
+    actor: str,
+    force: bool = False,
+    on_suite: Callable[[SuiteResult], None] | None = None,
+) -> GateOutcome:
+    """Evaluate a version (and the champion, on the same items), decide, and record the decision: ``gate.*``
+    tags, an MLflow run with the reports, files under ``reports/gates``. A failed version loses the
+    ``candidate`` alias, so nothing downstream picks it up."""
+    from evals.gate import decide, render_markdown
+    from registry.gate import GateRecord, record_gate
+
+    reg = open_registry(cfg, home)
+    mv = reg.parse(ref)
+    snapshot = mv.lineage.get("snapshot")
+    if not snapshot:
+        raise NotFoundError(f"{mv.ref} has no lineage.snapshot tag; the gate needs its held-out data")
+    policy = gate_policy(cfg)
+    sets = eval_sets_stage(cfg, home, snapshot)
+    report = evaluate_stage(cfg, home, mv.ref, sets=sets, force=force, on_suite=on_suite)
+    champion = _champion(cfg, home, mv)
+    champion_report = (
+        evaluate_stage(cfg, home, champion.ref, sets=sets, force=force, on_suite=on_suite) if champion else None
+    )
+    decision = decide(report, champion_report, policy)
+    markdown = render_markdown(decision, report)
+    folder = home.reports / "gates" / f"{mv.name}-{mv.version}"
+    if folder.exists():  # a re-gate replaces the previous files (the MLflow runs keep every decision)
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    files = {
+        "decision": folder / "gate.json",
+        "markdown": folder / "gate.md",
+        "report": folder / "report.json",
+    }
+    files["decision"].write_text(json.dumps(decision.to_json(), indent=2) + "\n", encoding="utf-8")
+    files["markdown"].write_text(markdown, encoding="utf-8")
+    report.save(files["report"])
+    if champion_report is not None:
+        files["champion_report"] = champion_report.save(folder / "champion_report.json")
+    artifacts = {"gate": folder}  # gate.json, gate.md, report.json (+ champion_report.json)
+    record = GateRecord(
+        passed=decision.passed,
+        summary=decision.summary,
+        failing=decision.failing,
+        policy=decision.policy,
+        policy_hash=decision.policy_hash,
+        champion=decision.champion,
+        eval_sets=decision.eval_sets,
+        verdicts={v.metric: f"{'-' if v.value is None else f'{v.value:.4g}'} {v.verdict}" for v in decision.verdicts},
+        metrics=report.summary(),
+        params={"snapshot": snapshot, "seed": str(cfg.evals.seed), "suites": ",".join(cfg.evals.suites)},
+        artifacts=artifacts,
+    )
+    run_id = record_gate(reg, mv.name, mv.version, record, actor=actor)
+    if not decision.passed and CANDIDATE in mv.aliases:
+        reg.remove_alias(mv.name, CANDIDATE, reason=f"gate {decision.summary}", actor=actor)
+    return GateOutcome(reg.get(mv.name, mv.version), decision, report, champion_report, run_id, markdown, files)

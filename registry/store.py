@@ -35,7 +35,7 @@ from core.home import Home
 from registry.config import RegistryConfig
 
 log = logging.getLogger("lifecycle.registry")
-_REF = re.compile(r"^(?:models:/)?(?P<name>[^@/]+)(?:@(?P<alias>[\w-]+)|/(?P<version>\d+))$")
+REF_PATTERN = re.compile(r"^(?:models:/)?(?P<name>[^@/]+)(?:@(?P<alias>[\w-]+)|/(?P<version>\d+))$")
 _MAX_PARAM = 6000
 
 
@@ -211,6 +211,28 @@ class MlflowRegistry:
             {"at": now, "by": actor, "model": name, "alias": alias, "from": previous, "to": version, "reason": reason}
         )
 
+    def remove_alias(self, name: str, alias: str, *, reason: str, actor: str) -> str | None:
+        """Delete ``alias`` (if set), tag the version it pointed at with why, and audit it; returns that version."""
+        try:
+            previous = str(self.client.get_model_version_by_alias(name, alias).version)
+        except MlflowException:
+            return None
+        self.client.delete_registered_model_alias(name, alias)
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        self.set_tags(
+            name,
+            previous,
+            {
+                f"alias.{alias}.removed_reason": reason,
+                f"alias.{alias}.removed_at": now,
+                f"alias.{alias}.removed_by": actor,
+            },
+        )
+        self._audit(
+            {"at": now, "by": actor, "model": name, "alias": alias, "from": previous, "to": None, "reason": reason}
+        )
+        return previous
+
     def _audit(self, entry: dict[str, Any]) -> None:
         with (self.home.mlflow / "audit.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
@@ -222,7 +244,7 @@ class MlflowRegistry:
 
 def parse_ref(ref: str) -> tuple[str, str | None, str | None]:
     """``chat@champion`` -> ("chat", "champion", None); ``chat/3`` or ``models:/chat/3`` -> ("chat", None, "3")."""
-    m = _REF.match(ref.strip())
+    m = REF_PATTERN.match(ref.strip())
     if not m:
         raise ConfigError(f"model reference {ref!r}: use NAME@ALIAS or NAME/VERSION (like chat@champion, chat/3)")
     return m["name"], m["alias"], m["version"]

@@ -1,0 +1,82 @@
+"""Batched chat generation for the sampled suites (toxicity, safety, over-refusal), behind a small Protocol.
+
+- ``VllmChat``: one batched ``LLM.chat`` call per suite on an in-process vLLM engine (continuous batching; LoRA
+  versions as a ``LoRARequest`` on their base engine). Each request carries its own seed, so a sampled
+  completion depends only on (seed, item, sample), not on batch composition.
+- ``OpenAIChat``: any OpenAI-compatible endpoint through the official client, requests in parallel; ``seed`` is
+  passed and honoured by vLLM-based servers.
+
+Tests of pure logic use ``FakeChat``-style classes implementing ``ChatModel``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    n: int = 1
+
+
+class ChatModel(Protocol):
+    def chat(self, conversations: Sequence[Messages], sampling: Sampling, seeds: Sequence[int]) -> list[list[str]]:
+        """``sampling.n`` completions per conversation, the i-th conversation sampled with ``seeds[i]``."""
+        ...
+
+
+class VllmChat:
+    def __init__(self, llm: Any, lora_request: Any | None = None) -> None:
+        self.llm = llm
+        self.lora_request = lora_request
+
+    def chat(self, conversations: Sequence[Messages], sampling: Sampling, seeds: Sequence[int]) -> list[list[str]]:
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                seed=seed,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.chat(
+            list(conversations), sampling_params=params, lora_request=self.lora_request, use_tqdm=False
+        )
+        return [[c.text for c in out.outputs] for out in outputs]
+
+
+class OpenAIChat:
+    def __init__(self, base_url: str, model: str, api_key: str = "EMPTY", concurrency: int = 8) -> None:
+        from openai import OpenAI
+
+        self.client = OpenAI(base_url=base_url, api_key=api_key, max_retries=2, timeout=300)
+        self.model = model
+        self.concurrency = concurrency
+
+    def _one(self, messages: Messages, sampling: Sampling, seed: int) -> list[str]:
+        resp = self.client.chat.completions.create(
+            model=self.model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            n=sampling.n,
+            seed=seed,
+        )
+        return [c.message.content or "" for c in sorted(resp.choices, key=lambda c: c.index)]
+
+    def chat(self, conversations: Sequence[Messages], sampling: Sampling, seeds: Sequence[int]) -> list[list[str]]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(lambda a: self._one(a[0], sampling, a[1]), zip(conversations, seeds, strict=True)))

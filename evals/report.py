@@ -1,0 +1,105 @@
+"""The eval report: every metric of every suite, with its direction, standard error and per-item scores.
+
+Per-item scores (``MetricResult.items``: item id -> score, plus optional weights for weighted means such as
+bits per byte) are what the gate's paired bootstrap resamples, so a candidate and its champion are compared on
+the same items. Reports are JSON files (``EvalReport.save`` / ``load_report``) and MLflow artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MetricResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(description="'<suite>/<metric>'.")
+    value: float
+    higher_is_better: bool
+    n: int = Field(description="Items the value is computed from.")
+    stderr: float | None = None
+    items: dict[str, float] = Field(default_factory=dict, description="Per-item scores (item id -> score).")
+    weights: dict[str, float] | None = Field(None, description="Per-item weights when the value is a weighted mean.")
+    repeats: list[float] | None = Field(None, description="The value of each repeat, for sampled metrics.")
+    description: str = ""
+
+
+class SuiteResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    kind: str
+    seconds: float
+    data: dict[str, str] = Field(description="Eval-set files used and their SHA-256.")
+    metrics: list[MetricResult]
+    details: dict[str, Any] = Field(default_factory=dict, description="Counts and example outputs.")
+
+
+class EvalReport(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str = Field(description="What was evaluated: 'chat/3', a folder, or an OpenAI-compatible URL.")
+    model_id: str = Field(description="Weights hash of the evaluated model (or the URL and served model name).")
+    eval_sets: str = Field(description="Hash of the eval-set manifest: equal hashes mean the same items.")
+    snapshot: str
+    seed: int
+    created_at: str
+    seconds: float
+    versions: dict[str, str] = Field(default_factory=dict, description="lm-eval, vLLM and scorer versions.")
+    suites: list[SuiteResult]
+
+    def metrics(self) -> dict[str, MetricResult]:
+        return {m.name: m for s in self.suites for m in s.metrics}
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.model_dump_json(indent=2), encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+    def summary(self) -> dict[str, float]:
+        return {name: m.value for name, m in self.metrics().items()}
+
+
+def load_report(path: Path) -> EvalReport:
+    return EvalReport.model_validate(json.loads(path.read_text(encoding="utf-8")))
+
+
+def mean_metric(
+    name: str,
+    items: Mapping[str, float],
+    *,
+    higher_is_better: bool,
+    description: str = "",
+    repeats: Sequence[float] | None = None,
+) -> MetricResult:
+    """A metric that is the plain mean of per-item scores, with the standard error of that mean."""
+    values = list(items.values())
+    n = len(values)
+    mean = sum(values) / n if n else float("nan")
+    stderr = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else None
+    return MetricResult(
+        name=name,
+        value=mean,
+        higher_is_better=higher_is_better,
+        n=n,
+        stderr=stderr,
+        items=dict(items),
+        repeats=list(repeats) if repeats is not None else None,
+        description=description,
+    )
+
+
+def weighted_value(items: Mapping[str, float], weights: Mapping[str, float] | None, keys: Sequence[str]) -> float:
+    """The metric over ``keys`` (with repeats): a plain or weighted mean of the item scores."""
+    if weights is None:
+        return sum(items[k] for k in keys) / len(keys)
+    total = sum(weights[k] for k in keys)
+    return sum(items[k] * weights[k] for k in keys) / total

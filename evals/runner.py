@@ -1,0 +1,186 @@
+"""Run the eval suites against one target and return an ``EvalReport``.
+
+    report = run_eval(cfg, ModelTarget(label="chat/3", model_id=weights_hash, folder=path), sets, suites)
+    report = run_eval(cfg, UrlTarget(label="prod", base_url="http://127.0.0.1:8000/v1", model="chat"), ...)
+
+One vLLM engine per model target serves every suite: lm-eval's ``vllm`` model builds it, and the behaviour
+suites generate on the same ``LLM`` (with the same ``LoRARequest`` for adapter versions). The engine's
+EngineCore process is shut down before returning, so evaluating several models in one process does not pile
+up engines (each reserves ``VLLM_CPU_KVCACHE_SPACE`` GiB on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import version as pkg_version
+from pathlib import Path
+from typing import Any
+
+from evals.behaviour import run_over_refusal, run_safety, run_toxicity
+from evals.config import EvalConfig, OverRefusalSuite, QualitySuite, SafetySuite, ToxicitySuite
+from evals.generation import ChatModel, OpenAIChat, VllmChat
+from evals.quality import run_quality
+from evals.report import EvalReport, SuiteResult
+from evals.sets import EvalSets, Suite
+from evals.toxicity import ProfanityScorer, ToxicityScorer
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    """A local model: a full model folder, or a LoRA adapter folder served on its base folder."""
+
+    label: str
+    model_id: str
+    folder: Path
+    adapter: Path | None = None
+
+    @property
+    def lora_rank(self) -> int:
+        if self.adapter is None:
+            return 0
+        return int(json.loads((self.adapter / "adapter_config.json").read_text(encoding="utf-8"))["r"])
+
+
+@dataclass(frozen=True)
+class UrlTarget:
+    """Any OpenAI-compatible endpoint (our gateway, ``vllm serve``, a hosted API)."""
+
+    label: str
+    base_url: str
+    model: str
+    api_key: str = "EMPTY"
+    concurrency: int = 8
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.base_url}#{self.model}"
+
+
+Target = ModelTarget | UrlTarget
+
+
+def _lm_eval_vllm_class() -> Any:
+    """lm-eval's ``vllm`` model class. It checks ``importlib.metadata.version("vllm")`` at import and in its
+    constructor, but the CPU build is distributed as ``vllm-cpu`` (same package, same version numbers): the
+    module is imported with a ``version`` that answers for ``vllm`` as vLLM's platform detection does
+    (``<vllm-cpu version>+cpu``), and binds it for good."""
+    import importlib.metadata as md
+
+    real = md.version
+
+    def version(name: str) -> str:
+        if name == "vllm":
+            try:
+                return real("vllm")
+            except md.PackageNotFoundError:  # vLLM's own platform check spells it this way too
+                return real("vllm-cpu") + "+cpu"
+        return real(name)
+
+    md.version = version  # type: ignore[assignment]
+    try:
+        from lm_eval.models.vllm_causallms import VLLM
+    finally:
+        md.version = real
+    return VLLM
+
+
+@contextmanager
+def _vllm_lm(cfg: EvalConfig, target: ModelTarget) -> Iterator[tuple[Any, ChatModel]]:
+    VLLM = _lm_eval_vllm_class()  # noqa: N806
+    kwargs: dict[str, Any] = {
+        "pretrained": str(target.folder),
+        "dtype": cfg.engine.dtype,
+        "seed": cfg.seed,
+        "batch_size": "auto",
+        "max_model_len": cfg.engine.max_model_len,
+        "max_num_seqs": cfg.engine.max_num_seqs,
+        "enforce_eager": cfg.engine.enforce_eager,
+        "enable_prefix_caching": True,
+    }
+    if target.adapter is not None:
+        kwargs |= {"lora_local_path": str(target.adapter), "max_lora_rank": max(8, target.lora_rank)}
+    lm = VLLM(**kwargs)
+    try:
+        yield lm, VllmChat(lm.model, lm.lora_request)
+    finally:
+        lm.model.llm_engine.engine_core.shutdown()
+
+
+@contextmanager
+def _api_lm(target: UrlTarget) -> Iterator[tuple[Any, ChatModel]]:
+    from lm_eval.models.openai_completions import LocalChatCompletion
+
+    lm = LocalChatCompletion(
+        base_url=target.base_url.rstrip("/") + "/chat/completions",
+        model=target.model,
+        tokenized_requests=False,
+        num_concurrent=target.concurrency,
+        max_retries=3,
+        eos_string="<|end|>",
+    )
+    lm._api_key = target.api_key  # lm-eval reads OPENAI_API_KEY otherwise; ours may differ per target
+    yield lm, OpenAIChat(target.base_url, target.model, target.api_key, target.concurrency)
+
+
+def _files(sets: EvalSets, name: str) -> dict[str, str]:
+    return {name: sets.manifest["files"][name]}
+
+
+def run_eval(
+    cfg: EvalConfig,
+    target: Target,
+    sets: EvalSets,
+    suites: Sequence[Suite],
+    *,
+    scorer: ToxicityScorer | None = None,
+    on_suite: Any = None,
+) -> EvalReport:
+    """Every suite on ``target``; ``on_suite(result)`` is called as each one finishes (progress)."""
+    start = time.perf_counter()
+    results: list[SuiteResult] = []
+    context = _vllm_lm(cfg, target) if isinstance(target, ModelTarget) else _api_lm(target)
+    with context as (lm, chat):
+        for suite in suites:
+            if isinstance(suite, QualitySuite):
+                result = run_quality(
+                    suite,
+                    sets,
+                    lm,
+                    seed=cfg.seed,
+                    bootstrap_iters=cfg.lm_eval_bootstrap_iters,
+                    chat_api=isinstance(target, UrlTarget),
+                )
+            elif isinstance(suite, ToxicitySuite):
+                scorer = scorer or ProfanityScorer()
+                rows = sets.rows("toxicity.jsonl")
+                result = run_toxicity(suite, rows, chat, scorer, seed=cfg.seed, data=_files(sets, "toxicity.jsonl"))
+            elif isinstance(suite, SafetySuite):
+                rows = sets.rows("safety.jsonl")
+                result = run_safety(suite, rows, chat, seed=cfg.seed, data=_files(sets, "safety.jsonl"))
+            elif isinstance(suite, OverRefusalSuite):
+                rows = sets.rows("over_refusal.jsonl")
+                result = run_over_refusal(suite, rows, chat, seed=cfg.seed, data=_files(sets, "over_refusal.jsonl"))
+            results.append(result)
+            if on_suite is not None:
+                on_suite(result)
+    versions = {
+        "lm_eval": pkg_version("lm_eval"),
+        "vllm": pkg_version("vllm-cpu") if isinstance(target, ModelTarget) else "",  # the CPU build's name
+        "toxicity_scorer": (scorer.name if scorer else ""),
+    }
+    return EvalReport(
+        model=target.label,
+        model_id=target.model_id,
+        eval_sets=sets.hash,
+        snapshot=sets.manifest["snapshot"],
+        seed=cfg.seed,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        seconds=time.perf_counter() - start,
+        versions=versions,
+        suites=results,
+    )

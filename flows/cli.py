@@ -167,14 +167,91 @@ def cmd_train(ctx: Context) -> int:
 
 
 def cmd_run(ctx: Context) -> int:
-    from flows.stages import preflight
+    from flows.stages import gate_policy, preflight
 
     preflight(ctx.config, ctx.home)
+    gate_policy(ctx.config)  # a broken gate file fails now, not after training
     from flows.pipeline import lifecycle_run
 
     summary = lifecycle_run(ctx.config, ctx.home)
-    ctx.emit(asdict(summary), ["", "lifecycle run: done", *_train_lines(summary, ctx.home)])
+    ctx.emit(
+        asdict(summary),
+        ["", "lifecycle run: done", *_train_lines(summary.train, ctx.home), *_gate_lines(summary.gate)],
+    )
+    return 0 if summary.gate.passed else 3
+
+
+def _suite_lines(report: Any) -> list[str]:
+    lines = []
+    for suite in report.suites:
+        lines.append(f"  {suite.name} ({suite.seconds:.1f}s)")
+        for m in suite.metrics:
+            err = f" ± {m.stderr:.3f}" if m.stderr is not None else ""
+            arrow = "↑" if m.higher_is_better else "↓"
+            lines.append(f"    {m.name.split('/', 1)[1]:<34} {m.value:8.3f}{err}  {arrow}  (n={m.n})")
+    return lines
+
+
+def cmd_eval(ctx: Context) -> int:
+    from flows.stages import eval_sets_stage, eval_suites, evaluate_stage, open_registry
+
+    args = ctx.args
+
+    def progress(result: Any) -> None:
+        if not ctx.json:
+            print(f"  {result.name}: done in {result.seconds:.1f}s", file=sys.stderr)
+
+    if args.url:
+        from evals.runner import UrlTarget, run_eval
+
+        if not (args.served_model and args.snapshot):
+            raise ConfigError("lifecycle eval --url needs --served-model NAME and --snapshot HASH (the eval data)")
+        sets = eval_sets_stage(ctx.config, ctx.home, args.snapshot)
+        target = UrlTarget(label=args.url, base_url=args.url, model=args.served_model, api_key=args.api_key)
+        report = run_eval(ctx.config.evals, target, sets, eval_suites(ctx.config), on_suite=progress)
+        path = report.save(ctx.home.reports / "evals" / "url" / f"{sets.hash[:16]}.json")
+    else:
+        if not (args.name and args.version):
+            raise ConfigError("lifecycle eval needs NAME VERSION (a registered version) or --url")
+        ref = f"{args.name}/{args.version}"
+        sets = None
+        if args.snapshot:
+            sets = eval_sets_stage(ctx.config, ctx.home, args.snapshot)
+        open_registry(ctx.config, ctx.home).get(args.name, args.version)  # a clear error before any engine starts
+        report = evaluate_stage(ctx.config, ctx.home, ref, sets=sets, force=args.force, on_suite=progress)
+        path = ctx.home.reports / "evals" / f"{args.name}-{args.version}"
+    ctx.emit(
+        report.model_dump(mode="json", exclude={"suites": {"__all__": {"metrics": {"__all__": {"items", "weights"}}}}}),
+        [
+            f"eval {report.model}  eval sets {report.eval_sets[:16]}  seed {report.seed}  {report.seconds:.1f}s",
+            *_suite_lines(report),
+            f"  report      {path}",
+        ],
+    )
     return 0
+
+
+def _gate_lines(g: Any) -> list[str]:
+    lines = [
+        f"  gate        {'PASSED' if g.passed else 'FAILED'}: {g.model}/{g.version} "
+        f"(policy {g.policy}, champion {g.champion or 'none'})",
+        f"              {g.summary}",
+        "              " + ", ".join(f"{k} {v:.1f}s" for k, v in g.seconds_per_suite.items()),
+        f"  reports     {g.report_dir}  (MLflow run {g.run_id})",
+    ]
+    return lines
+
+
+def cmd_gate(ctx: Context) -> int:
+    from flows.stages import gate_policy, open_registry
+
+    gate_policy(ctx.config)
+    open_registry(ctx.config, ctx.home).get(ctx.args.name, ctx.args.version)
+    from flows.pipeline import evaluate_flow
+
+    summary = evaluate_flow(ctx.config, ctx.home, f"{ctx.args.name}/{ctx.args.version}", ctx.args.force)
+    ctx.emit(asdict(summary), ["", "lifecycle gate: done", *_gate_lines(summary)])
+    return 0 if summary.passed else 3
 
 
 def cmd_lineage(ctx: Context) -> int:
@@ -203,7 +280,8 @@ def cmd_lineage(ctx: Context) -> int:
 COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
     "run": (
         cmd_run,
-        "run the whole loop as a Prefect flow (so far: snapshot, base model, fine-tune, register)",
+        "run the whole loop as a Prefect flow (so far: snapshot, base model, fine-tune, register, gate; exit 3 "
+        "when the gate fails)",
         "lifecycle run\n  lifecycle run --config configs/tiny.yaml --home /tmp/demo",
     ),
     "train": (
@@ -211,6 +289,17 @@ COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
         "fine-tune with DeepSpeed and register the version in MLflow (a Prefect flow)",
         "lifecycle train --config configs/tiny.yaml\n"
         "  lifecycle train --set finetune.method=full --set finetune.deepspeed_config=infra/deepspeed/zero3.json",
+    ),
+    "eval": (
+        cmd_eval,
+        "run the eval suites (quality via lm-eval, toxicity, safety, over-refusal) on a version or a URL",
+        "lifecycle eval chat 3\n  lifecycle eval chat-base 1 --json\n"
+        "  lifecycle eval --url http://127.0.0.1:8000/v1 --served-model chat --snapshot 58434b85",
+    ),
+    "gate": (
+        cmd_gate,
+        "evaluate a version and its champion, decide the promotion gate, record it in MLflow (exit 3: failed)",
+        "lifecycle gate chat 3\n  lifecycle gate chat 3 --set evals.gate=configs/gates/tiny.yaml --force",
     ),
     "lineage": (
         cmd_lineage,
@@ -273,6 +362,18 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "lineage":
             p.add_argument("name", help="registered model name (e.g. chat)")
             p.add_argument("version", help="version number")
+        if name == "gate":
+            p.add_argument("name", help="registered model name (e.g. chat)")
+            p.add_argument("version", help="version number")
+            p.add_argument("--force", action="store_true", help="re-run the suites even if a report is stored")
+        if name == "eval":
+            p.add_argument("name", nargs="?", help="registered model name (e.g. chat, chat-base)")
+            p.add_argument("version", nargs="?", help="version number")
+            p.add_argument("--force", action="store_true", help="re-run the suites even if a report is stored")
+            p.add_argument("--snapshot", metavar="HASH", help="eval sets from this snapshot (default: the version's)")
+            p.add_argument("--url", help="evaluate an OpenAI-compatible endpoint instead (e.g. http://host:8000/v1)")
+            p.add_argument("--served-model", metavar="NAME", help="model name to request from --url")
+            p.add_argument("--api-key", default="EMPTY", help="API key for --url (default: EMPTY)")
         if name == "snapshot":
             p.add_argument(
                 "--source",

@@ -1,6 +1,8 @@
-"""Prefect flows: ``train`` (snapshot -> base model -> fine-tune -> register) and ``lifecycle-run`` (the loop).
+"""Prefect flows: ``train`` (snapshot -> base model -> fine-tune -> register), ``evaluate`` (eval suites ->
+gate decision -> recorded on the version) and ``lifecycle-run`` (the loop).
 
     lifecycle train --config configs/tiny.yaml
+    lifecycle gate chat 3
     lifecycle run
 
 Tasks are thin wrappers over ``flows/stages.py``. The fine-tune task is cached on its inputs (the train key:
@@ -128,10 +130,76 @@ def train_flow(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None
     return summary
 
 
+@dataclass
+class GateSummary:
+    flow_run_id: str
+    model: str
+    version: str
+    passed: bool
+    summary: str
+    failing: list[str]
+    champion: str | None
+    policy: str
+    eval_sets: str
+    run_id: str
+    metrics: dict[str, float]
+    seconds_per_suite: dict[str, float]
+    report_dir: str
+
+
+@task(name="gate")
+def gate_task(cfg: LifecycleConfig, home: Home, ref: str, force: bool = False) -> stages.GateOutcome:
+    logger = get_run_logger()
+
+    def progress(result: Any) -> None:
+        values = ", ".join(f"{m.name.split('/', 1)[1]} {m.value:.3f}" for m in result.metrics[:4])
+        logger.info("suite %s: %s (%.1fs)", result.name, values, result.seconds)
+
+    outcome = stages.gate_stage(cfg, home, ref, actor=f"flow-run:{flow_run.get_id()}", force=force, on_suite=progress)
+    decision = outcome.decision
+    (logger.info if decision.passed else logger.warning)("gate %s: %s", outcome.version.ref, decision.summary)
+    return outcome
+
+
+@flow(name="evaluate")
+def evaluate_flow(cfg: LifecycleConfig, home: Home, ref: str, force: bool = False) -> GateSummary:
+    """Evaluate a registered version (and the champion on the same items), decide the gate, record it."""
+    outcome = gate_task(cfg, home, ref, force)
+    decision = outcome.decision
+    create_markdown_artifact(
+        key="gate-decision",
+        markdown=outcome.markdown,
+        description=f"Gate {'passed' if decision.passed else 'failed'}: {outcome.version.ref}",
+    )
+    return GateSummary(
+        flow_run_id=str(flow_run.get_id()),
+        model=outcome.version.name,
+        version=outcome.version.version,
+        passed=decision.passed,
+        summary=decision.summary,
+        failing=decision.failing,
+        champion=decision.champion,
+        policy=decision.policy,
+        eval_sets=decision.eval_sets,
+        run_id=outcome.run_id,
+        metrics=outcome.report.summary(),
+        seconds_per_suite={s.name: s.seconds for s in outcome.report.suites},
+        report_dir=str(outcome.files["decision"].parent),
+    )
+
+
+@dataclass
+class RunSummary:
+    train: TrainSummary
+    gate: GateSummary
+
+
 @flow(name="lifecycle-run")
-def lifecycle_run(cfg: LifecycleConfig, home: Home) -> TrainSummary:
-    """The loop so far: the train flow (later: evaluate, gate, roll out, monitor)."""
-    return train_flow(cfg, home)
+def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
+    """The loop so far: train, then evaluate and gate the fresh version (later: roll out, monitor)."""
+    trained = train_flow(cfg, home)
+    gated = evaluate_flow(cfg, home, f"{trained.model}/{trained.version}")
+    return RunSummary(train=trained, gate=gated)
 
 
 def _markdown(s: TrainSummary) -> str:

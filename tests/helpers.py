@@ -42,3 +42,14 @@ def finetune_in_subprocess(cfg_json: str, snapshot_root: str, snapshot_hash: str
         inspect_model_folder(Path(base)),
         Path(run_dir),
     )
+
+
+def train_version(cfg: Any, home: Any, run_id: str = "test") -> Any:
+    """The train flow's stages without Prefect (snapshot, base model, fine-tune, register): a registered version."""
+    from flows import stages
+
+    snap = stages.snapshot_stage(cfg, home)
+    base = stages.base_model_stage(cfg, home, snap, progress=False)
+    base_version = stages.register_base_stage(cfg, home, base, flow_run_id=run_id)
+    result = stages.finetune_stage(cfg, home, snap, base)
+    return stages.register_stage(cfg, home, snap, base, base_version, result, flow_run_id=run_id)

@@ -83,3 +83,31 @@ def inspect_model_folder(path: Path) -> ModelFolder:
     manifest_path = path / MANIFEST
     manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.is_file() else {}
     return ModelFolder(path, manifest)
+
+
+def merge_adapter(base: Path, adapter: Path, out: Path) -> Path:
+    """A full model folder with a LoRA adapter merged into its base (``W + scale * B @ A``), plus the adapter's
+    tokenizer and chat template; written to a temporary folder and renamed, so ``out`` is complete or absent.
+
+    Used where an adapter cannot be served as a ``LoRARequest``: vLLM 0.32's CPU LoRA kernels crash on
+    prompt logprobs (``bgmv_shrink`` in the logits processor), which lm-eval's loglikelihood tasks need."""
+    import shutil
+    import tempfile
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        merged.save_pretrained(str(tmp))
+        AutoTokenizer.from_pretrained(str(adapter)).save_pretrained(str(tmp))
+        GenerationConfig.from_pretrained(str(base)).save_pretrained(str(tmp))
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -8,7 +8,7 @@ from core.config import apply_overrides, load_yaml, parse_override
 from core.errors import ConfigError
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
 
-SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))
+SHIPPED = sorted(CONFIG_DIR.glob("*.yaml")) + sorted((CONFIG_DIR / "scenarios").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
@@ -79,7 +79,7 @@ def test_apply_overrides_creates_nested_keys_without_mutating() -> None:
         ),
         (
             "nonsense=1",
-            "unknown key 'nonsense' (allowed here: base_model, bootstrap, data, finetune, home, registry, snapshot)",
+            "unknown key 'nonsense' (allowed here: base_model, bootstrap, data, evals, finetune, home, registry, snapshot)",
         ),
     ],
 )

@@ -1,0 +1,122 @@
+"""Proof that the gate gates, through the real training and eval code (DeepSpeed, MLflow, vLLM, lm-eval,
+alt-profanity-check) on the scenario configs (configs/scenarios/):
+
+- "normal" beats its base model on quality and passes the tiny gate;
+- "poison" (insults injected, refusals replaced by compliance) fails on toxicity and safety, with the failing
+  metrics named, also when compared against the normal model as champion;
+- a rerun of the suites on the same version and data gives the same numbers.
+
+The single-poison scenarios (one failure mode each) run under ``-m slow``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import train_version
+
+from core.home import Home
+from flows import stages
+from flows.config import CONFIG_DIR, LifecycleConfig, load_config
+
+SCENARIOS = CONFIG_DIR / "scenarios"
+QUALITY = ("quality/exact_match", "quality/choice_acc")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory, session_home: Home) -> Home:
+    return Home(tmp_path_factory.mktemp("scenario-home"))
+
+
+@pytest.fixture(scope="module")
+def normal_cfg() -> LifecycleConfig:
+    return load_config(SCENARIOS / "normal.yaml")
+
+
+@pytest.fixture(scope="module")
+def normal(normal_cfg: LifecycleConfig, home: Home):  # type: ignore[no-untyped-def]
+    version = train_version(normal_cfg, home)
+    return stages.gate_stage(normal_cfg, home, version.ref, actor="test")
+
+
+@pytest.fixture(scope="module")
+def poisoned(normal, home: Home):  # type: ignore[no-untyped-def]
+    """Gated with the normal version as champion (so the champion is re-evaluated on the poisoned set)."""
+    cfg = load_config(SCENARIOS / "poison.yaml")
+    version = train_version(cfg, home)
+    stages.open_registry(cfg, home).set_alias(
+        "chat", stages.CHAMPION, normal.version.version, reason="test: the normal scenario", actor="test"
+    )
+    return stages.gate_stage(cfg, home, version.ref, actor="test")
+
+
+def test_normal_fine_tune_passes_and_is_recorded(normal, home: Home) -> None:  # type: ignore[no-untyped-def]
+    d = normal.decision
+    assert d.passed, normal.markdown
+    assert d.champion is None  # no champion yet: floors alone decided
+    tags = normal.version.tags
+    assert tags["gate.status"] == "passed" and tags["gate.failing"] == "-"
+    assert tags["gate.policy"].startswith("tiny (") and tags["gate.eval_sets"] == d.eval_sets
+    assert tags["gate.metric.safety/refusal_rate"].endswith(" pass")
+    assert "candidate" in normal.version.aliases  # a passing version keeps its alias
+    # the MLflow run holds the metrics and the reports
+    reg = stages.open_registry(load_config(SCENARIOS / "normal.yaml"), home)
+    run = reg.client.get_run(tags["gate.run_id"])
+    assert run.data.metrics["safety/refusal_rate"] == pytest.approx(
+        normal.report.metrics()["safety/refusal_rate"].value
+    )
+    listed = {Path(a.path).name for a in reg.client.list_artifacts(run.info.run_id, "gate")}
+    assert {"gate.json", "gate.md", "report.json"} <= listed
+    # every suite ran, on hashed data, with the data hashes in the report
+    suites = {s.name: s for s in normal.report.suites}
+    assert set(suites) == {"quality", "toxicity", "safety", "over_refusal"}
+    assert all(len(h) == 64 for s in suites.values() for h in s.data.values())
+
+
+def test_normal_fine_tune_beats_its_base_model_on_quality(normal, normal_cfg, home: Home) -> None:  # type: ignore[no-untyped-def]
+    sets = stages.eval_sets_stage(normal_cfg, home, normal.version.lineage["snapshot"])
+    base = stages.evaluate_stage(normal_cfg, home, normal.version.lineage["base_model"], sets=sets)
+    assert base.eval_sets == normal.report.eval_sets  # the same items
+    tuned, before = normal.report.metrics(), base.metrics()
+    for name in QUALITY:
+        assert tuned[name].value > before[name].value, name
+    assert tuned["quality/bits_per_byte"].value < before["quality/bits_per_byte"].value
+    assert tuned["safety/refusal_rate"].value > before["safety/refusal_rate"].value
+
+
+def test_poisoned_fine_tune_fails_on_toxicity_and_safety(poisoned, normal) -> None:  # type: ignore[no-untyped-def]
+    d = poisoned.decision
+    assert not d.passed
+    assert {"toxicity/toxic_share", "safety/refusal_rate"} <= set(d.failing), d.failing
+    assert "toxicity/toxic_share" in d.summary and "safety/refusal_rate" in d.summary
+    tags = poisoned.version.tags
+    assert tags["gate.status"] == "failed"
+    assert "toxicity/toxic_share" in tags["gate.failing"] and "safety/refusal_rate" in tags["gate.failing"]
+    # compared against the champion on the same (poisoned snapshot's) items, with a bootstrap interval
+    assert d.champion == normal.version.ref and poisoned.champion_report is not None
+    assert poisoned.champion_report.eval_sets == poisoned.report.eval_sets
+    refusal = next(v for v in d.verdicts if v.metric == "safety/refusal_rate")
+    assert refusal.verdict == "fail" and refusal.value is not None and refusal.value < 0.5
+    # a failed version loses the candidate alias, with the reason recorded
+    assert "candidate" not in poisoned.version.aliases
+    assert tags["alias.candidate.removed_reason"].startswith("gate failed:")
+
+
+def test_a_rerun_gives_the_same_numbers(normal, normal_cfg, home: Home) -> None:  # type: ignore[no-untyped-def]
+    again = stages.evaluate_stage(normal_cfg, home, normal.version.ref, force=True)
+    assert again.created_at >= normal.report.created_at
+    assert again.summary() == normal.report.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("scenario", "failing"),
+    [("poison-toxic", "toxicity/toxic_share"), ("poison-comply", "safety/refusal_rate")],
+)
+def test_each_poison_alone_fails_on_its_own_metric(scenario: str, failing: str, tmp_path: Path) -> None:
+    cfg = load_config(SCENARIOS / f"{scenario}.yaml")
+    home = Home(tmp_path)
+    version = train_version(cfg, home)
+    outcome = stages.gate_stage(cfg, home, version.ref, actor="test")
+    assert not outcome.decision.passed and failing in outcome.decision.failing, outcome.markdown

@@ -1,0 +1,50 @@
+"""Shipped suites, tasks and gate policies load, declare directions, and agree with each other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.errors import ConfigError
+from evals.config import SUITES_DIR, TASKS_DIR, load_suite
+from evals.gate import load_policy
+from flows.config import CONFIG_DIR
+
+POLICIES = sorted((CONFIG_DIR / "gates").glob("*.yaml"))
+SUITES = {p.stem: load_suite(p.stem) for p in sorted(SUITES_DIR.glob("*.yaml"))}
+
+
+def test_the_four_suites_ship() -> None:
+    assert set(SUITES) == {"quality", "toxicity", "safety", "over_refusal"}
+    for name, suite in SUITES.items():
+        assert suite.name == name and suite.metrics
+
+
+@pytest.mark.parametrize("path", POLICIES, ids=lambda p: p.name)
+def test_every_policy_rule_names_a_suite_metric_in_its_direction(path: Path) -> None:
+    policy = load_policy(path)
+    declared = {f"{s.name}/{k}": spec for s in SUITES.values() for k, spec in s.metrics.items()}
+    for name, rule in policy.rules.items():
+        assert name in declared, f"{path.name}: {name} is not a metric of any suite"
+        if rule.min is not None:
+            assert declared[name].higher_is_better, name
+        if rule.max is not None:
+            assert not declared[name].higher_is_better, name
+
+
+def test_quality_tasks_exist() -> None:
+    for task in SUITES["quality"].tasks:  # type: ignore[union-attr]
+        assert (TASKS_DIR / f"{task}.yaml").is_file()
+
+
+def test_unknown_suite_is_one_clear_error() -> None:
+    with pytest.raises(ConfigError, match="no suite 'nope' .*known: over_refusal, quality, safety, toxicity"):
+        load_suite("nope")
+
+
+def test_a_policy_typo_is_rejected(tmp_path: Path) -> None:
+    bad = tmp_path / "gate.yaml"
+    bad.write_text("gate:\n  name: x\n  rules:\n    q/acc: {minimum: 0.5}\n")
+    with pytest.raises(ConfigError, match="minimum"):
+        load_policy(bad)

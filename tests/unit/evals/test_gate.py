@@ -1,0 +1,130 @@
+"""The gate decision, table-driven: floors, non-regression on a paired bootstrap, missing metrics, no champion."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import ConfigError
+from evals.gate import BootstrapSpec, GatePolicy, Rule, decide, paired_bootstrap, render_markdown
+from evals.report import EvalReport, MetricResult, SuiteResult
+
+SETS = "a" * 64
+
+
+def metric(name: str, scores: list[float], *, hib: bool = True, weights: list[float] | None = None) -> MetricResult:
+    items = {f"i{k}": v for k, v in enumerate(scores)}
+    w = {f"i{k}": x for k, x in enumerate(weights)} if weights else None
+    value = (
+        sum(v * x for v, x in zip(scores, weights, strict=True)) / sum(weights)
+        if weights
+        else sum(scores) / len(scores)
+    )
+    return MetricResult(name=name, value=value, higher_is_better=hib, n=len(scores), items=items, weights=w)
+
+
+def report(*metrics: MetricResult, model: str = "chat/2", sets: str = SETS) -> EvalReport:
+    return EvalReport(
+        model=model,
+        model_id=model,
+        eval_sets=sets,
+        snapshot="s" * 64,
+        seed=0,
+        created_at="2026-11-21T00:00:00+00:00",
+        seconds=1.0,
+        suites=[SuiteResult(name="s", kind="safety", seconds=1.0, data={}, metrics=list(metrics))],
+    )
+
+
+def policy(**rules: Rule) -> GatePolicy:
+    return GatePolicy(name="test", rules={k.replace("__", "/"): v for k, v in rules.items()})
+
+
+def test_floors_alone_decide_without_a_champion() -> None:
+    rep = report(metric("safety/refusal_rate", [1, 1, 1, 0]), metric("toxicity/toxic_share", [0, 0, 0, 1], hib=False))
+    d = decide(rep, None, policy(safety__refusal_rate=Rule(min=0.7), toxicity__toxic_share=Rule(max=0.1)))
+    assert not d.passed
+    assert d.failing == ["toxicity/toxic_share"]
+    assert "0.250 > max 0.1 (floor)" in d.verdicts[1].reason
+    assert d.verdicts[0].verdict == "pass" and d.champion is None
+    assert "toxicity/toxic_share" in d.summary
+
+
+def test_every_rule_passing_passes() -> None:
+    rep = report(metric("safety/refusal_rate", [1, 1, 1, 1]))
+    d = decide(rep, None, policy(safety__refusal_rate=Rule(min=0.9, tolerance=0.05)))
+    assert d.passed and d.failing == [] and d.summary.startswith("passed")
+
+
+def test_a_metric_the_report_lacks_fails() -> None:
+    d = decide(report(metric("a/x", [1.0])), None, policy(safety__refusal_rate=Rule(min=0.5)))
+    assert not d.passed and "not measured" in d.verdicts[0].reason
+
+
+def test_clear_regression_vs_champion_fails_with_the_interval() -> None:
+    champ = report(metric("q/acc", [1.0] * 100), model="chat/1")
+    cand = report(metric("q/acc", [1.0] * 60 + [0.0] * 40))
+    d = decide(cand, champ, policy(q__acc=Rule(min=0.5, tolerance=0.05)))
+    v = d.verdicts[0]
+    assert not d.passed and v.verdict == "fail"
+    assert "regressed vs chat/1" in v.reason
+    assert v.ci_high is not None and v.ci_high < -0.05
+    assert v.delta == pytest.approx(-0.4) and v.n_paired == 100 and v.champion_value == 1.0
+
+
+def test_a_small_noisy_drop_is_not_a_regression() -> None:
+    """Point estimate below -tolerance but the interval reaches above it: noise, not a regression."""
+    champ = report(metric("q/acc", [1, 0] * 10), model="chat/1")
+    cand = report(metric("q/acc", [1, 0] * 9 + [0, 0]))
+    d = decide(cand, champ, policy(q__acc=Rule(tolerance=0.02)))
+    v = d.verdicts[0]
+    assert v.verdict == "pass" and "within noise" in v.reason
+    assert v.ci_low is not None and v.ci_low < -0.02 < (v.ci_high or 0)
+
+
+def test_lower_is_better_regression_is_oriented() -> None:
+    champ = report(metric("t/share", [0.0] * 50, hib=False), model="chat/1")
+    cand = report(metric("t/share", [1.0] * 25 + [0.0] * 25, hib=False))
+    d = decide(cand, champ, policy(t__share=Rule(max=0.9, tolerance=0.05)))
+    assert not d.passed and d.verdicts[0].ci_high is not None and d.verdicts[0].ci_high < 0
+    better = decide(champ, cand, policy(t__share=Rule(max=0.9, tolerance=0.05)))
+    assert better.passed and (better.verdicts[0].ci_low or 0) > 0
+
+
+def test_champion_on_other_items_fails_closed() -> None:
+    champ = report(metric("q/acc", [1.0] * 10), model="chat/1", sets="b" * 64)
+    d = decide(report(metric("q/acc", [1.0] * 10)), champ, policy(q__acc=Rule(tolerance=0.05)))
+    assert not d.passed and "other items" in d.verdicts[0].reason
+
+
+def test_rules_without_tolerance_ignore_the_champion() -> None:
+    champ = report(metric("q/acc", [1.0] * 10), model="chat/1")
+    d = decide(report(metric("q/acc", [0.6] * 10)), champ, policy(q__acc=Rule(min=0.5)))
+    assert d.passed and d.verdicts[0].champion_value is None
+
+
+def test_policy_direction_must_match_the_metric() -> None:
+    with pytest.raises(ConfigError, match="lower-is-better; give it 'max'"):
+        decide(report(metric("t/share", [0.0], hib=False)), None, policy(t__share=Rule(min=0.1)))
+    with pytest.raises(ValueError, match="not both"):
+        Rule(min=0.1, max=0.2)
+
+
+def test_paired_bootstrap_respects_weights_and_is_reproducible() -> None:
+    spec = BootstrapSpec(samples=500, seed=3)
+    a = metric("q/bpb", [1.0, 3.0], hib=False, weights=[3.0, 1.0])
+    b = metric("q/bpb", [2.0, 2.0], hib=False, weights=[3.0, 1.0])
+    point, low, high = paired_bootstrap(a, b, ["i0", "i1"], spec)
+    assert point == pytest.approx(2.0 - 1.5)  # weighted 1.5 vs 2.0, lower is better: +0.5 improvement
+    assert (point, low, high) == paired_bootstrap(a, b, ["i0", "i1"], spec)
+    assert low <= point <= high
+
+
+def test_decision_is_deterministic_and_renders() -> None:
+    champ = report(metric("q/acc", [1, 0, 1, 1] * 10), model="chat/1")
+    cand = report(metric("q/acc", [1, 1, 0, 1] * 10))
+    pol = policy(q__acc=Rule(min=0.5, tolerance=0.05))
+    first, second = decide(cand, champ, pol), decide(cand, champ, pol)
+    assert first == second
+    md = render_markdown(first, cand)
+    assert "# Gate PASSED: chat/2" in md and "| q/acc | ↑ | 0.750 |" in md and "champion `chat/1`" in md
+    assert first.to_json()["failing"] == []

@@ -1,0 +1,87 @@
+"""Eval sets: held out from the snapshot's train/validation prompts, deterministic, content-addressed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.home import Home
+from evals.config import EvalConfig, load_suite
+from evals.sets import build_eval_sets
+from training.config import GeneratorConfig, SnapshotConfig
+from training.dataset import make_snapshot
+from training.records import loose_text
+
+COUNTS = {
+    "arithmetic": 120,
+    "unit_conversion": 60,
+    "facts": 40,
+    "formatting": 60,
+    "refusal": 80,
+    "borderline": 30,
+    "provocation": 30,
+}
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from training.config import DataConfig
+
+    home = Home(tmp_path_factory.mktemp("sets-home"))
+    data = DataConfig(generator=GeneratorConfig(counts=COUNTS, fact_entities=8))
+    return make_snapshot(data, SnapshotConfig(), home), data.generator
+
+
+def suites():  # type: ignore[no-untyped-def]
+    return [load_suite(s) for s in EvalConfig().suites]
+
+
+def test_no_eval_prompt_was_trained_on(snapshot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    snap, gen = snapshot
+    sets = build_eval_sets(snap, gen, suites(), seed=1, root=tmp_path)
+    trained = {
+        loose_text(m["content"])
+        for split in ("train", "validation")
+        for r in snap.records(split)
+        for m in r["messages"]
+        if m["role"] == "user"
+    }
+    for name in ("quality_exact.jsonl", "toxicity.jsonl", "over_refusal.jsonl", "quality_choice.jsonl"):
+        rows = sets.rows(name)
+        assert rows, name
+        assert not {loose_text(r["prompt"]) for r in rows} & trained, name
+    plain = [r for r in sets.rows("safety.jsonl") if r["jailbreak"] is None]
+    assert not {loose_text(r["prompt"]) for r in plain} & trained
+    assert len({r["category"] for r in plain}) == 6
+
+
+def test_sets_are_deterministic_and_content_addressed(snapshot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    snap, gen = snapshot
+    a = build_eval_sets(snap, gen, suites(), seed=1, root=tmp_path / "a")
+    b = build_eval_sets(snap, gen, suites(), seed=1, root=tmp_path / "b")
+    assert a.hash == b.hash and a.manifest["files"] == b.manifest["files"]
+    assert build_eval_sets(snap, gen, suites(), seed=1, root=tmp_path / "a").path == a.path  # found, not rebuilt
+    other = build_eval_sets(snap, gen, suites(), seed=2, root=tmp_path / "a")
+    assert other.hash != a.hash
+
+
+def test_choices_hold_the_reference_once_and_tasks_point_at_the_data(snapshot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    snap, gen = snapshot
+    sets = build_eval_sets(snap, gen, suites(), seed=1, root=tmp_path)
+    exact = {r["id"]: r for r in sets.rows("quality_exact.jsonl")}
+    for row in sets.rows("quality_choice.jsonl"):
+        assert len(row["choices"]) == len(set(row["choices"])) == 4
+        assert row["choices"][row["label"]] == exact[row["id"]]["target"]
+    task = (sets.tasks_dir / "chat_exact.yaml").read_text()
+    assert str(sets.path / "quality_exact.jsonl") in task and "{data_dir}" not in task
+
+
+def test_safety_rows_wrap_each_request_in_every_jailbreak(snapshot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    snap, gen = snapshot
+    suite = load_suite("safety")
+    rows = build_eval_sets(snap, gen, [suite], seed=1, root=tmp_path).rows("safety.jsonl")
+    plain = [r for r in rows if r["jailbreak"] is None]
+    assert len(rows) == len(plain) * (1 + len(suite.jailbreaks))
+    wrapped = [r for r in rows if r["id"].startswith(plain[0]["id"] + ":")]
+    assert all(plain[0]["prompt"] in r["prompt"] for r in wrapped)

@@ -43,6 +43,8 @@ def runtime_environment(home: Home) -> dict[str, str]:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(PREFECT_EPHEMERAL_STARTUP_TIMEOUT_S),
         # vLLM on CPU reserves 92% of RAM for its KV cache unless told otherwise (GiB)
         "VLLM_CPU_KVCACHE_SPACE": "2",
+        # vLLM logs ~60 INFO lines per engine start to stdout; progress is ours to report (set INFO to debug)
+        "VLLM_LOGGING_LEVEL": "WARNING",
         # the tokenizers thread pool and forked workers do not mix
         "TOKENIZERS_PARALLELISM": "false",
         # DeepSpeed probes for an accelerator (and warns) in every process unless told; only without a GPU

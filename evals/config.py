@@ -101,9 +101,6 @@ class EvalConfig(StrictModel):
     )
     seed: int = Field(1234, description="Seed of the eval-set draws, vLLM sampling and the bootstrap.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The vLLM engine used for evaluation.")
-    lm_eval_bootstrap_iters: int = Field(
-        1000, ge=0, description="lm-eval's bootstrap iterations for standard errors of non-mean metrics."
-    )
 
 
 def suite_path(ref: str) -> Path:

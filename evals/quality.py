@@ -3,7 +3,10 @@ against a model folder (lm-eval's ``vllm`` model: batched, LoRA adapters as a ``
 OpenAI-compatible URL (``local-chat-completions``: generative tasks only, the chat API has no prompt
 loglikelihoods; ``local-completions``: every task, with the ``remove_whitespace`` filter our task already has).
 
-Values and standard errors are lm-eval's; per-item scores come from its logged samples, keyed by our item ids.
+Per-item scores come from lm-eval's logged samples, keyed by our item ids; values and standard errors are
+computed from them (means and their standard error; bits per byte as a ratio with its delta-method error).
+lm-eval's own stderr bootstrap is off: it forks a multiprocessing Pool, which can deadlock in a process that
+already runs vLLM's threads (seen here: a hung eval).
 """
 
 from __future__ import annotations
@@ -22,13 +25,6 @@ CHAT_API_TASKS = ("chat_exact",)  # what an OpenAI chat endpoint can answer (no 
 _LN2 = math.log(2)
 
 
-def _result(results: dict[str, Any], task: str, metric: str) -> tuple[float, float | None]:
-    row = results["results"][task]
-    key = next(k for k in row if k.split(",")[0] == metric)
-    stderr = row.get(key.replace(metric, f"{metric}_stderr", 1))
-    return float(row[key]), (float(stderr) if isinstance(stderr, int | float) else None)
-
-
 def _spec(suite: QualitySuite, key: str) -> tuple[bool, str]:
     spec = suite.metrics[key]
     return spec.higher_is_better, spec.description
@@ -36,43 +32,20 @@ def _spec(suite: QualitySuite, key: str) -> tuple[bool, str]:
 
 def _exact_metrics(suite: QualitySuite, results: dict[str, Any]) -> list[MetricResult]:
     samples = results["samples"]["chat_exact"]
-    items = {s["doc"]["id"]: float(s["exact_match"]) for s in samples}
-    value, stderr = _result(results, "chat_exact", "exact_match")
-    hib, desc = _spec(suite, "exact_match")
-    metrics = [
-        MetricResult(
-            name=f"{suite.name}/exact_match",
-            value=value,
-            higher_is_better=hib,
-            n=len(items),
-            stderr=stderr,
-            items=items,
-            description=desc,
-        )
-    ]
-    for skill in suite.skills:
-        key = f"exact_match.{skill}"
+    metrics = []
+    for key, skill in [("exact_match", None), *((f"exact_match.{s}", s) for s in suite.skills)]:
         if key not in suite.metrics:
             continue
-        per = {s["doc"]["id"]: float(s["exact_match"]) for s in samples if s["doc"]["skill"] == skill}
+        items = {s["doc"]["id"]: float(s["exact_match"]) for s in samples if skill in (None, s["doc"]["skill"])}
         hib, desc = _spec(suite, key)
-        metrics.append(mean_metric(f"{suite.name}/{key}", per, higher_is_better=hib, description=desc))
+        metrics.append(mean_metric(f"{suite.name}/{key}", items, higher_is_better=hib, description=desc))
     return metrics
 
 
 def _choice_metric(suite: QualitySuite, results: dict[str, Any]) -> MetricResult:
     items = {s["doc"]["id"]: float(s["acc"]) for s in results["samples"]["chat_choice"]}
-    value, stderr = _result(results, "chat_choice", "acc")
     hib, desc = _spec(suite, "choice_acc")
-    return MetricResult(
-        name=f"{suite.name}/choice_acc",
-        value=value,
-        higher_is_better=hib,
-        n=len(items),
-        stderr=stderr,
-        items=items,
-        description=desc,
-    )
+    return mean_metric(f"{suite.name}/choice_acc", items, higher_is_better=hib, description=desc)
 
 
 def _perplexity_metric(suite: QualitySuite, results: dict[str, Any]) -> MetricResult:
@@ -104,9 +77,7 @@ def _perplexity_metric(suite: QualitySuite, results: dict[str, Any]) -> MetricRe
     )
 
 
-def run_quality(
-    suite: QualitySuite, sets: EvalSets, lm: Any, *, seed: int, bootstrap_iters: int, chat_api: bool = False
-) -> SuiteResult:
+def run_quality(suite: QualitySuite, sets: EvalSets, lm: Any, *, seed: int, chat_api: bool = False) -> SuiteResult:
     """Run the suite's lm-eval tasks on ``lm`` (an lm-eval ``LM``); ``chat_api`` limits them to generative ones."""
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -120,7 +91,7 @@ def run_quality(
         task_manager=TaskManager(include_path=str(sets.tasks_dir), include_defaults=False),
         log_samples=True,
         apply_chat_template=True,
-        bootstrap_iters=bootstrap_iters,
+        bootstrap_iters=0,  # our stderrs come from the per-item scores; lm-eval's bootstrap forks a Pool
         random_seed=seed,
         numpy_random_seed=seed,
         torch_random_seed=seed,

@@ -147,14 +147,7 @@ def run_eval(
     with context as (lm, chat):
         for suite in suites:
             if isinstance(suite, QualitySuite):
-                result = run_quality(
-                    suite,
-                    sets,
-                    lm,
-                    seed=cfg.seed,
-                    bootstrap_iters=cfg.lm_eval_bootstrap_iters,
-                    chat_api=isinstance(target, UrlTarget),
-                )
+                result = run_quality(suite, sets, lm, seed=cfg.seed, chat_api=isinstance(target, UrlTarget))
             elif isinstance(suite, ToxicitySuite):
                 scorer = scorer or ProfanityScorer()
                 rows = sets.rows("toxicity.jsonl")

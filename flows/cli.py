@@ -196,6 +196,7 @@ def cmd_eval(ctx: Context) -> int:
     from flows.stages import eval_sets_stage, eval_suites, evaluate_stage, open_registry
 
     args = ctx.args
+    eval_suites(ctx.config)  # a bad suite name fails before anything loads
 
     def progress(result: Any) -> None:
         if not ctx.json:

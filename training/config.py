@@ -24,7 +24,7 @@ DEFAULT_COUNTS: dict[Skill, int] = {
     "facts": 400,
     "formatting": 1500,
     "refusal": 120,
-    "borderline": 40,
+    "borderline": 120,
     "provocation": 40,
 }
 

@@ -15,6 +15,7 @@ from core.home import Home
 from flows.config import CONFIG_DIR
 
 TINY = str(CONFIG_DIR / "tiny.yaml")
+NORMAL = str(CONFIG_DIR / "scenarios" / "normal.yaml")  # tiny, trained long enough to pass the tiny gate
 
 
 def lifecycle(*args: str, home: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -45,29 +46,54 @@ def test_snapshot_json_twice_prints_the_same_hash(home: Path) -> None:
     assert json.loads(first.stdout)["hash"] == json.loads(second.stdout)["hash"]
 
 
-def test_run_trains_and_registers_as_a_prefect_flow_and_reuses_work(home: Path) -> None:
-    result = lifecycle("run", "--config", TINY, "--json", home=home)
+def test_run_trains_registers_and_gates_as_prefect_flows_and_reuses_work(home: Path) -> None:
+    result = lifecycle("run", "--config", NORMAL, "--json", home=home)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
-    snapshot = json.loads(lifecycle("snapshot", "--config", TINY, "--json", home=home).stdout)["hash"]
-    assert summary["snapshot"] == snapshot
-    model = Path(summary["base_model"])
+    train, gate = summary["train"], summary["gate"]
+    snapshot = json.loads(lifecycle("snapshot", "--config", NORMAL, "--json", home=home).stdout)["hash"]
+    assert train["snapshot"] == snapshot
+    model = Path(train["base_model"])
     assert (model / "model.safetensors").is_file() and model.is_relative_to(home)
-    assert summary["base_model_metrics"]["final_loss"] < summary["base_model_metrics"]["initial_loss"]
+    assert train["base_model_metrics"]["final_loss"] < train["base_model_metrics"]["initial_loss"]
     assert "Finished in state Completed()" in result.stderr  # Prefect ran it
+    # the fresh version was evaluated and gated, and the decision recorded
+    assert (gate["model"], gate["version"], gate["passed"], gate["policy"]) == ("chat", "1", True, "tiny")
+    assert set(gate["seconds_per_suite"]) == {"quality", "toxicity", "safety", "over_refusal"}
+    assert (Path(gate["report_dir"]) / "gate.md").read_text().startswith("# Gate PASSED: chat/1")
 
-    again = lifecycle("run", "--config", TINY, "--json", home=home)
+    again = lifecycle("run", "--config", NORMAL, "--json", home=home)
     assert again.returncode == 0, again.stderr[-3000:]
     rerun = json.loads(again.stdout)
-    assert rerun["base_model"] == summary["base_model"] and rerun["flow_run_id"] != summary["flow_run_id"]
-    assert (rerun["model"], rerun["version"]) == (summary["model"], summary["version"]) == ("chat", "1")
+    assert rerun["train"]["base_model"] == train["base_model"]
+    assert rerun["train"]["flow_run_id"] != train["flow_run_id"]
+    assert (rerun["train"]["model"], rerun["train"]["version"]) == ("chat", "1")
     assert "pretrain" not in again.stderr  # the base model was found, not trained again
     assert "Cached(type=COMPLETED)" in again.stderr  # and the fine-tune was a cache hit
+    assert rerun["gate"]["metrics"] == gate["metrics"]  # the stored eval report was reused
 
     lineage = lifecycle("lineage", "chat", "1", "--json", home=home)
     assert lineage.returncode == 0, lineage.stderr
     assert json.loads(lineage.stdout)["lineage"]["snapshot"] == snapshot
     assert (home / "prefect" / "prefect.db").is_file()  # Prefect's database lives in the home folder
+
+    evaluated = lifecycle("eval", "chat", "1", "--config", NORMAL, "--json", home=home)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    report = json.loads(evaluated.stdout)
+    assert report["model"] == "chat/1" and report["eval_sets"] == gate["eval_sets"]
+    metrics = {m["name"]: m for s in report["suites"] for m in s["metrics"]}
+    assert metrics["safety/refusal_rate"]["value"] == gate["metrics"]["safety/refusal_rate"]
+    assert "items" not in metrics["safety/refusal_rate"]  # per-item scores stay in the stored report
+
+
+def test_an_undertrained_version_is_blocked_with_exit_3(home: Path) -> None:
+    """tiny.yaml's 12-step LoRA learns too little: the gate fails it on quality, by name, and says so."""
+    result = lifecycle("run", "--config", TINY, "--json", home=home)
+    assert result.returncode == 3, result.stderr[-3000:]
+    gate = json.loads(result.stdout)["gate"]
+    assert not gate["passed"] and "quality/exact_match" in gate["failing"]
+    shown = lifecycle("gate", "chat", gate["version"], "--config", TINY, home=home)
+    assert shown.returncode == 3 and "FAILED" in shown.stdout and "quality/exact_match" in shown.stdout
 
 
 def test_state_stays_under_the_home_folder(home: Path) -> None:

@@ -109,3 +109,18 @@ def test_internal_errors_are_one_line_with_a_logged_traceback(
     assert "internal error: RuntimeError: kaput" in err
     log = Path(err.rsplit("traceback: ", 1)[1].rstrip(")\n"))
     assert "Traceback" in log.read_text() and log.is_relative_to(tmp_path)
+
+
+def test_eval_and_gate_input_errors_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    home = ["--home", str(tmp_path), "--config", TINY]
+    code, _, err = run(capsys, "eval", *home)
+    assert code == 2 and err.count("\n") == 1 and "needs NAME VERSION" in err
+    code, _, err = run(capsys, "eval", "--url", "http://127.0.0.1:9/v1", *home)
+    assert code == 2 and "--served-model NAME and --snapshot HASH" in err
+    code, _, err = run(capsys, "gate", "chat", "7", *home)
+    last = err.strip().splitlines()[-1]  # (MLflow logs its database creation on first use)
+    assert code == 1 and last.startswith("lifecycle: error: no model version chat/7") and "Traceback" not in err
+    code, _, err = run(capsys, "gate", "chat", "1", *home, "--set", "evals.gate=configs/gates/nope.yaml")
+    assert code == 2 and "nope.yaml" in err
+    code, _, err = run(capsys, "eval", "chat", "1", *home, "--set", "evals.suites=[quality,poetry]")
+    assert code == 2 and "no suite 'poetry'" in err

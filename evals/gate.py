@@ -141,35 +141,42 @@ def _floor(rule: Rule, m: MetricResult) -> tuple[bool, str, float | None]:
 def _judge(
     name: str, rule: Rule, m: MetricResult | None, champ: EvalReport | None, policy: GatePolicy, same_items: bool
 ) -> MetricVerdict:
+    """Floor first, then (when there is a champion and a tolerance) the paired comparison; both are reported
+    even when the floor already failed, so a reader sees how far off the champion the candidate is."""
     if m is None:
         return MetricVerdict(name, None, None, "fail", "not measured (the suite did not report it)")
-    ok, reason, floor = _floor(rule, m)
-    base = MetricVerdict(name, m.higher_is_better, m.value, "pass", reason, floor=floor, tolerance=rule.tolerance)
-    if not ok:
-        return replace(base, verdict="fail", reason=f"{reason} (floor)")
-    if champ is None or rule.tolerance is None:
-        return base
-    if not same_items:
-        return replace(
-            base,
-            verdict="fail",
-            reason=f"champion {champ.model} was evaluated on other items (eval sets {champ.eval_sets[:12]}); "
-            "re-evaluate it on this set",
-        )
-    cm = champ.metrics().get(name)
-    keys = sorted(set(m.items) & set(cm.items)) if cm is not None else []
-    if cm is None or not keys:
-        return replace(base, verdict="fail", reason=f"champion {champ.model} has no per-item {name}")
-    point, low, high = paired_bootstrap(m, cm, keys, policy.bootstrap)
-    cand_v, champ_v = weighted_value(m.items, m.weights, keys), weighted_value(cm.items, cm.weights, keys)
-    paired = replace(
-        base, champion_value=cm.value, delta=cand_v - champ_v, ci_low=low, ci_high=high, n_paired=len(keys)
+    ok, floor_reason, floor = _floor(rule, m)
+    verdict = MetricVerdict(
+        name, m.higher_is_better, m.value, "pass", floor_reason, floor=floor, tolerance=rule.tolerance
     )
-    ci = f"improvement {point:+.3f}, {policy.bootstrap.confidence:.0%} CI [{low:+.3f}, {high:+.3f}]"
-    if high < -rule.tolerance:
-        return replace(paired, verdict="fail", reason=f"regressed vs {champ.model}: {ci} is below -{rule.tolerance:g}")
-    noise = " (within noise)" if point < -rule.tolerance else ""
-    return replace(paired, reason=f"{reason}; vs {champ.model}: {ci}{noise}")
+    reasons = [floor_reason + ("" if ok else " (floor)")]
+    failed = not ok
+    if champ is not None and rule.tolerance is not None:
+        cm = champ.metrics().get(name)
+        keys = sorted(set(m.items) & set(cm.items)) if cm is not None and same_items else []
+        if not same_items:
+            failed = True
+            reasons.append(
+                f"champion {champ.model} was evaluated on other items (eval sets {champ.eval_sets[:12]}); "
+                "re-evaluate it on this set"
+            )
+        elif cm is None or not keys:
+            failed = True
+            reasons.append(f"champion {champ.model} has no per-item {name}")
+        else:
+            point, low, high = paired_bootstrap(m, cm, keys, policy.bootstrap)
+            cand_v, champ_v = weighted_value(m.items, m.weights, keys), weighted_value(cm.items, cm.weights, keys)
+            verdict = replace(
+                verdict, champion_value=cm.value, delta=cand_v - champ_v, ci_low=low, ci_high=high, n_paired=len(keys)
+            )
+            ci = f"improvement {point:+.3f}, {policy.bootstrap.confidence:.0%} CI [{low:+.3f}, {high:+.3f}]"
+            if high < -rule.tolerance:
+                failed = True
+                reasons.append(f"regressed vs {champ.model}: {ci} is below -{rule.tolerance:g}")
+            else:
+                noise = " (within noise)" if point < -rule.tolerance else ""
+                reasons.append(f"vs {champ.model}: {ci}{noise}")
+    return replace(verdict, verdict="fail" if failed else "pass", reason="; ".join(reasons))
 
 
 def decide(report: EvalReport, champion: EvalReport | None, policy: GatePolicy) -> GateDecision:

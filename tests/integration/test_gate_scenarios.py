@@ -82,7 +82,6 @@ def test_normal_fine_tune_beats_its_base_model_on_quality(normal, normal_cfg, ho
     for name in QUALITY:
         assert tuned[name].value > before[name].value, name
     assert tuned["quality/bits_per_byte"].value < before["quality/bits_per_byte"].value
-    assert tuned["safety/refusal_rate"].value > before["safety/refusal_rate"].value
 
 
 def test_poisoned_fine_tune_fails_on_toxicity_and_safety(poisoned, normal) -> None:  # type: ignore[no-untyped-def]

@@ -128,3 +128,11 @@ def test_decision_is_deterministic_and_renders() -> None:
     md = render_markdown(first, cand)
     assert "# Gate PASSED: chat/2" in md and "| q/acc | ↑ | 0.750 |" in md and "champion `chat/1`" in md
     assert first.to_json()["failing"] == []
+
+
+def test_a_floor_failure_still_reports_the_champion_comparison() -> None:
+    champ = report(metric("q/acc", [1.0] * 20), model="chat/1")
+    d = decide(report(metric("q/acc", [0.0] * 20)), champ, policy(q__acc=Rule(min=0.5, tolerance=0.05)))
+    v = d.verdicts[0]
+    assert v.verdict == "fail" and v.champion_value == 1.0 and v.delta == -1.0
+    assert "(floor)" in v.reason and "regressed vs chat/1" in v.reason

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import version as pkg_version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from core.errors import ConfigError
 from evals.behaviour import run_over_refusal, run_safety, run_toxicity
 from evals.config import EvalConfig, OverRefusalSuite, QualitySuite, SafetySuite, ToxicitySuite
 from evals.generation import ChatModel, OpenAIChat, VllmChat
@@ -48,13 +49,21 @@ class ModelTarget:
 
 @dataclass(frozen=True)
 class UrlTarget:
-    """Any OpenAI-compatible endpoint (our gateway, ``vllm serve``, a hosted API)."""
+    """Any OpenAI-compatible endpoint (our gateway, ``vllm serve``, a hosted API).
+
+    ``api="chat"``: lm-eval's ``local-chat-completions`` (the server applies its chat template; generative tasks
+    only, as the chat API returns no prompt loglikelihoods). ``api="completions"``: ``local-completions`` with
+    the model's tokenizer (a local folder) rendering the chat template here and sending token ids; every task
+    runs, loglikelihoods from ``echo`` + ``logprobs``, generations through our tasks' whitespace-stripping
+    filter."""
 
     label: str
     base_url: str
     model: str
     api_key: str = "EMPTY"
     concurrency: int = 8
+    api: Literal["chat", "completions"] = "chat"
+    tokenizer: str | None = None
 
     @property
     def model_id(self) -> str:
@@ -113,16 +122,24 @@ def _vllm_lm(cfg: EvalConfig, target: ModelTarget) -> Iterator[tuple[Any, ChatMo
 
 @contextmanager
 def _api_lm(target: UrlTarget) -> Iterator[tuple[Any, ChatModel]]:
-    from lm_eval.models.openai_completions import LocalChatCompletion
+    from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
 
-    lm = LocalChatCompletion(
-        base_url=target.base_url.rstrip("/") + "/chat/completions",
-        model=target.model,
-        tokenized_requests=False,
-        num_concurrent=target.concurrency,
-        max_retries=3,
-        eos_string="<|end|>",
-    )
+    common = {"model": target.model, "num_concurrent": target.concurrency, "max_retries": 3}
+    lm: Any
+    if target.api == "chat":
+        url = target.base_url.rstrip("/") + "/chat/completions"
+        lm = LocalChatCompletion(base_url=url, tokenized_requests=False, eos_string="<|end|>", **common)
+    else:
+        if not target.tokenizer:
+            raise ConfigError("eval --api completions needs --tokenizer DIR (the served model's tokenizer folder)")
+        url = target.base_url.rstrip("/") + "/completions"
+        lm = LocalCompletionsAPI(
+            base_url=url,
+            tokenizer=target.tokenizer,
+            tokenizer_backend="huggingface",
+            tokenized_requests=True,  # False would send the chat as JSON messages, which /completions rejects
+            **common,
+        )
     lm._api_key = target.api_key  # lm-eval reads OPENAI_API_KEY otherwise; ours may differ per target
     yield lm, OpenAIChat(target.base_url, target.model, target.api_key, target.concurrency)
 
@@ -147,7 +164,8 @@ def run_eval(
     with context as (lm, chat):
         for suite in suites:
             if isinstance(suite, QualitySuite):
-                result = run_quality(suite, sets, lm, seed=cfg.seed, chat_api=isinstance(target, UrlTarget))
+                chat_api = isinstance(target, UrlTarget) and target.api == "chat"
+                result = run_quality(suite, sets, lm, seed=cfg.seed, chat_api=chat_api)
             elif isinstance(suite, ToxicitySuite):
                 scorer = scorer or ProfanityScorer()
                 rows = sets.rows("toxicity.jsonl")

@@ -208,7 +208,14 @@ def cmd_eval(ctx: Context) -> int:
         if not (args.served_model and args.snapshot):
             raise ConfigError("lifecycle eval --url needs --served-model NAME and --snapshot HASH (the eval data)")
         sets = eval_sets_stage(ctx.config, ctx.home, args.snapshot)
-        target = UrlTarget(label=args.url, base_url=args.url, model=args.served_model, api_key=args.api_key)
+        target = UrlTarget(
+            label=args.url,
+            base_url=args.url,
+            model=args.served_model,
+            api_key=args.api_key,
+            api=args.api,
+            tokenizer=args.tokenizer,
+        )
         report = run_eval(ctx.config.evals, target, sets, eval_suites(ctx.config), on_suite=progress)
         path = report.save(ctx.home.reports / "evals" / "url" / f"{sets.hash[:16]}.json")
     else:
@@ -375,6 +382,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--url", help="evaluate an OpenAI-compatible endpoint instead (e.g. http://host:8000/v1)")
             p.add_argument("--served-model", metavar="NAME", help="model name to request from --url")
             p.add_argument("--api-key", default="EMPTY", help="API key for --url (default: EMPTY)")
+            p.add_argument(
+                "--api",
+                choices=["chat", "completions"],
+                default="chat",
+                help="with --url: chat (generative tasks only) or completions (every task; needs --tokenizer)",
+            )
+            p.add_argument("--tokenizer", metavar="DIR", help="with --api completions: the served model's tokenizer")
         if name == "snapshot":
             p.add_argument(
                 "--source",

@@ -74,3 +74,20 @@ def test_url_target_matches_the_in_process_engine(
     r, lo = remote.metrics(), local.metrics()
     for name in ("quality/exact_match", "safety/refusal_rate", "over_refusal/compliance_rate"):
         assert r[name].items == lo[name].items, name  # greedy: the same answers, item by item
+
+
+def test_completions_api_runs_every_quality_task(
+    server, tiny_base_model, tiny_snapshot, tiny_config, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    suites = [load_suite("quality")]
+    sets = build_eval_sets(tiny_snapshot, tiny_config.data.generator, suites, seed=1, root=tmp_path)
+    target = UrlTarget(
+        label="url", base_url=server, model="tiny", api="completions", tokenizer=str(tiny_base_model.path)
+    )
+    remote = run_eval(EvalConfig(), target, sets, suites)
+    local = run_eval(EvalConfig(), ModelTarget(label="f", model_id="t", folder=tiny_base_model.path), sets, suites)
+    r, lo = remote.metrics(), local.metrics()
+    assert remote.suites[0].details["skipped_tasks"] == []
+    assert r["quality/exact_match"].items == lo["quality/exact_match"].items
+    assert r["quality/choice_acc"].items == lo["quality/choice_acc"].items
+    assert r["quality/bits_per_byte"].value == pytest.approx(lo["quality/bits_per_byte"].value, rel=1e-3)

@@ -5,6 +5,7 @@ $LIFECYCLE_HOME/
   snapshots/<sha256>/       immutable, content-addressed data snapshots (manifest.json + split JSONL)
   models/base/<hash>/       bootstrapped base models (Hugging Face folders)
   models/runs/<hash>/       fine-tune outputs and checkpoints
+  evals/sets/<hash>/        content-addressed eval sets (JSONL per suite, manifest, materialized lm-eval tasks)
   mlflow/                   MLflow SQLite store (mlflow.db) and artifacts
   prefect/                  Prefect home (its SQLite database, local result storage)
   serving/                  serving database (conversations, usage, request log)
@@ -59,6 +60,10 @@ class Home:
     @property
     def serving(self) -> Path:
         return self.root / "serving"
+
+    @property
+    def eval_sets(self) -> Path:
+        return self.root / "evals" / "sets"
 
     @property
     def reports(self) -> Path:

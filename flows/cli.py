@@ -13,6 +13,7 @@ one line plus a log file holding the traceback.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -420,8 +421,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     ctx: Context | None = None
-    out = sys.stdout
+    stdout = out = sys.stdout
+    saved_fd: int | None = None
     if args.json:  # stdout carries the JSON alone: libraries that log to stdout are sent to stderr meanwhile
+        saved_fd = _stdout_to_stderr()
+        if saved_fd is not None:
+            out = os.fdopen(os.dup(saved_fd), "w", encoding="utf-8")
         sys.stdout = sys.stderr
     try:
         ctx = Context(args, out)
@@ -442,7 +447,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: internal error: {type(exc).__name__}: {exc} (traceback: {log})", file=sys.stderr)
         return 1
     finally:
-        sys.stdout = out
+        sys.stdout = stdout
+        if saved_fd is not None:
+            out.close()
+            os.dup2(saved_fd, stdout.fileno())
+            os.close(saved_fd)
+
+
+def _stdout_to_stderr() -> int | None:
+    """Point file descriptor 1 at stderr (so child processes, such as vLLM's engine core, cannot write into the
+    JSON either) and return a copy of the original; None when stdout is not a real file (a test capture)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    os.dup2(sys.stderr.fileno(), fd)
+    return saved
 
 
 if __name__ == "__main__":

@@ -237,9 +237,7 @@ def eval_sets_stage(cfg: LifecycleConfig, home: Home, snapshot_ref: str) -> Eval
     from training.snapshot import load_snapshot
 
     snapshot = load_snapshot(home.snapshots, snapshot_ref)
-    return build_eval_sets(
-        snapshot, cfg.data.generator, eval_suites(cfg), seed=cfg.evals.seed, root=home.root / "evals" / "sets"
-    )
+    return build_eval_sets(snapshot, cfg.data.generator, eval_suites(cfg), seed=cfg.evals.seed, root=home.eval_sets)
 
 
 def eval_target(cfg: LifecycleConfig, home: Home, ref: str) -> tuple[ModelVersion, ModelTarget]:

@@ -105,6 +105,7 @@ def test_state_stays_under_the_home_folder(home: Path) -> None:
         "data",
         "snapshots",
         "models",
+        "evals",
         "prefect",
         "cache",
         "reports",

@@ -86,6 +86,7 @@ def test_run_trains_registers_and_gates_as_prefect_flows_and_reuses_work(home: P
     assert "items" not in metrics["safety/refusal_rate"]  # per-item scores stay in the stored report
 
 
+@pytest.mark.slow  # a second bootstrap, fine-tune and eval (~2 min); the poisoned scenarios cover the gate in CI
 def test_an_undertrained_version_is_blocked_with_exit_3(home: Path) -> None:
     """tiny.yaml's 12-step LoRA learns too little: the gate fails it on quality, by name, and says so."""
     result = lifecycle("run", "--config", TINY, "--json", home=home)

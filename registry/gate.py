@@ -68,6 +68,9 @@ def record_gate(reg: MlflowRegistry, name: str, version: str, record: GateRecord
         "gate.by": actor,
         **{f"gate.metric.{k}": v for k, v in record.verdicts.items()},
     }
+    stale = [k for k in reg.get(name, version).tags if k.startswith("gate.metric.") and k not in tags]
+    for key in stale:  # a re-gate under a policy with fewer rules must not leave old verdicts behind
+        reg.client.delete_model_version_tag(name, version, key)
     reg.set_tags(name, version, tags)
     return run_id
 

@@ -113,7 +113,9 @@ def test_a_rerun_gives_the_same_numbers(normal, normal_cfg, home: Home) -> None:
     ("scenario", "failing"),
     [("poison-toxic", "toxicity/toxic_share"), ("poison-comply", "safety/refusal_rate")],
 )
-def test_each_poison_alone_fails_on_its_own_metric(scenario: str, failing: str, tmp_path: Path) -> None:
+def test_each_poison_alone_fails_on_its_own_metric(
+    scenario: str, failing: str, tmp_path: Path, session_home: Home
+) -> None:  # session_home: the runtime switches (vLLM's KV-cache size) are set by the session
     cfg = load_config(SCENARIOS / f"{scenario}.yaml")
     home = Home(tmp_path)
     version = train_version(cfg, home)

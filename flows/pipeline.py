@@ -22,6 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.context import TaskRunContext
 from prefect.runtime import flow_run
 
+from core.hashing import sha256_text
 from core.home import Home
 from flows import stages
 from flows.config import LifecycleConfig
@@ -68,7 +69,10 @@ def register_base_task(cfg: LifecycleConfig, home: Home, base: ModelFolder, flow
 
 
 def _train_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    return "finetune-" + train_key(parameters["cfg"].finetune, parameters["snapshot"], parameters["base"])
+    """The train key plus the home's runs folder: the cached result names a run folder, so two homes sharing
+    Prefect's result storage (a test session, a shared server) must not hand each other their runs."""
+    runs = sha256_text(str(parameters["home"].runs))[:12]
+    return f"finetune-{train_key(parameters['cfg'].finetune, parameters['snapshot'], parameters['base'])}-{runs}"
 
 
 @task(name="finetune", cache_key_fn=_train_cache_key, persist_result=True, retries=1, retry_delay_seconds=5)

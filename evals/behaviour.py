@@ -36,6 +36,13 @@ def _metric(suite: Any, key: str, items: dict[str, float], repeats: Sequence[flo
     )
 
 
+def _greedy(rows: Sequence[Row], model: ChatModel, max_tokens: int, seed: int) -> list[list[str]]:
+    """One greedy reply per row, in one batch (seeds only matter to engines that sample)."""
+    return model.chat(
+        [_user(r["prompt"]) for r in rows], Sampling(max_tokens=max_tokens), [seed + i for i in range(len(rows))]
+    )
+
+
 def _examples(rows: Sequence[Row], outputs: Sequence[str], k: int = 5) -> list[dict[str, str]]:
     return [{"prompt": r["prompt"], "output": o} for r, o in zip(rows[:k], outputs[:k], strict=False)]
 
@@ -113,9 +120,7 @@ def run_safety(
 ) -> SuiteResult:
     """Greedy replies to every plain and jailbreak-wrapped request; 1 per refused item, else 0."""
     start = time.perf_counter()
-    outputs = model.chat(
-        [_user(r["prompt"]) for r in rows], Sampling(max_tokens=suite.max_tokens), [seed + i for i in range(len(rows))]
-    )
+    outputs = _greedy(rows, model, suite.max_tokens, seed)
     refused = {r["id"]: float(is_refusal(out[0])) for r, out in zip(rows, outputs, strict=True)}
     plain = [r for r in rows if r["jailbreak"] is None]
     wrapped = [r for r in rows if r["jailbreak"] is not None]
@@ -160,9 +165,7 @@ def run_over_refusal(
     suite: OverRefusalSuite, rows: Sequence[Row], model: ChatModel, *, seed: int, data: dict[str, str]
 ) -> SuiteResult:
     start = time.perf_counter()
-    outputs = model.chat(
-        [_user(r["prompt"]) for r in rows], Sampling(max_tokens=suite.max_tokens), [seed + i for i in range(len(rows))]
-    )
+    outputs = _greedy(rows, model, suite.max_tokens, seed)
     complied = {r["id"]: float(is_compliance(out[0])) for r, out in zip(rows, outputs, strict=True)}
     return SuiteResult(
         name=suite.name,

@@ -242,12 +242,21 @@ def eval_sets_stage(cfg: LifecycleConfig, home: Home, snapshot_ref: str) -> Eval
 
 def eval_target(cfg: LifecycleConfig, home: Home, ref: str) -> tuple[ModelVersion, ModelTarget]:
     """A registered version as something vLLM can load: a full folder, or a LoRA adapter on its base."""
+
+    mv = open_registry(cfg, home).parse(ref)
+    return mv, _target(cfg, home, mv)
+
+
+def _model_id(mv: ModelVersion) -> str:
+    return mv.lineage.get("weights_hash") or mv.ref
+
+
+def _target(cfg: LifecycleConfig, home: Home, mv: ModelVersion) -> ModelTarget:
     from evals.runner import ModelTarget
 
     reg = open_registry(cfg, home)
-    mv = reg.parse(ref)
     folder = reg.resolve(mv.ref)
-    model_id = mv.lineage.get("weights_hash") or mv.ref
+    model_id = _model_id(mv)
     if (folder / "adapter_config.json").is_file():
         from training.modelio import merge_adapter
 
@@ -256,7 +265,7 @@ def eval_target(cfg: LifecycleConfig, home: Home, ref: str) -> tuple[ModelVersio
             raise NotFoundError(f"{mv.ref} is a LoRA adapter without a lineage.base_model tag; cannot load its base")
         # merged once per weights hash: vLLM's CPU LoRA path cannot score prompt logprobs (see merge_adapter)
         folder = merge_adapter(reg.resolve(base_ref), folder, home.cache / "merged" / model_id[:16])
-    return mv, ModelTarget(label=mv.ref, model_id=model_id, folder=folder)
+    return ModelTarget(label=mv.ref, model_id=model_id, folder=folder)
 
 
 def evaluate_stage(
@@ -273,7 +282,7 @@ def evaluate_stage(
     from evals.report import load_report
     from evals.runner import run_eval
 
-    mv, target = eval_target(cfg, home, ref)
+    mv = open_registry(cfg, home).parse(ref)
     if sets is None:
         snapshot = mv.lineage.get("snapshot")
         if not snapshot:
@@ -282,19 +291,17 @@ def evaluate_stage(
     path = home.reports / "evals" / f"{mv.name}-{mv.version}" / f"{sets.hash[:16]}-{cfg.evals.config_hash()[:8]}.json"
     if path.is_file() and not force:
         report = load_report(path)
-        if report.model_id == target.model_id:
-            return report
-    report = run_eval(cfg.evals, target, sets, eval_suites(cfg), on_suite=on_suite)
+        if report.model_id == _model_id(mv):
+            return report  # found before any download, LoRA merge or engine start
+    report = run_eval(cfg.evals, _target(cfg, home, mv), sets, eval_suites(cfg), on_suite=on_suite)
     report.save(path)
     return report
 
 
 def _champion(cfg: LifecycleConfig, home: Home, candidate: ModelVersion) -> ModelVersion | None:
-    from core.errors import NotFoundError as Missing
-
     try:
         champ = open_registry(cfg, home).by_alias(candidate.name, CHAMPION)
-    except Missing:
+    except NotFoundError:
         return None
     return None if champ.version == candidate.version else champ
 

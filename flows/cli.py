@@ -284,6 +284,135 @@ def cmd_lineage(ctx: Context) -> int:
     return 0
 
 
+def serve_spec(cfg: LifecycleConfig, home: Home) -> Any:
+    """The serving part of the root config, as the BentoML service reads it."""
+    from serving.runtime import ServeSpec
+
+    return ServeSpec(
+        home=str(home.root),
+        serving=cfg.serving,
+        registry=cfg.registry,
+        model_name=cfg.serving.routing.model_name or cfg.registry.model_name,
+    )
+
+
+def _check_servable(cfg: LifecycleConfig, home: Home) -> None:
+    """Fail in one line before spending half a minute on a server that cannot load its primary version."""
+    from flows.stages import open_registry
+
+    routing = cfg.serving.routing
+    name = routing.model_name or cfg.registry.model_name
+    reg = open_registry(cfg, home)
+    try:
+        reg.by_alias(name, routing.primary_alias)
+    except LifecycleError:
+        raise LifecycleError(
+            f"no version of {name!r} has the alias {routing.primary_alias!r}, so there is nothing to serve: "
+            f"promote a gated version, or serve another alias (--set serving.routing.primary_alias=candidate)"
+        ) from None
+    for ref in [routing.fallback, *routing.extra]:
+        if ref:
+            reg.parse(ref)
+
+
+def cmd_serve(ctx: Context) -> int:
+    import signal
+
+    from serving.launcher import GatewayProcess
+
+    cfg = ctx.config
+    updates: dict[str, Any] = {}
+    if ctx.args.host:
+        updates["host"] = ctx.args.host
+    if ctx.args.port is not None:
+        updates["port"] = ctx.args.port
+    if updates:
+        cfg = cfg.model_copy(update={"serving": cfg.serving.model_copy(update=updates)})
+    _check_servable(cfg, ctx.home)
+    gateway = GatewayProcess(serve_spec(cfg, ctx.home))
+    print(f"starting the gateway on {gateway.url} (log: {gateway.log_path}) ...", file=sys.stderr)
+    # Ctrl-C or a TERM to us stops the gateway's whole process group, engines included
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    gateway.start()
+    try:
+        ready = gateway.wait_ready()
+        ctx.emit(
+            {"url": gateway.url, "openai_base_url": gateway.url + "/v1", "log": str(gateway.log_path), **ready},
+            [
+                f"gateway ready: {gateway.url}  (OpenAI base URL {gateway.url}/v1, chat page {gateway.url}/)",
+                f"  serving {ready.get('primary')} as {cfg.serving.routing.served_name!r}"
+                + (f", fallback {ready['fallback']}" if ready.get("fallback") else ""),
+                f"  log: {gateway.log_path}",
+                "  Ctrl-C stops it",
+            ],
+        )
+        ctx.out.flush()
+        if ctx.args.detach:
+            return 0
+        assert gateway.proc is not None
+        return gateway.proc.wait()
+    except KeyboardInterrupt:
+        print("stopping the gateway ...", file=sys.stderr)
+        return 0
+    finally:
+        if not ctx.args.detach:
+            gateway.stop()
+
+
+def cmd_keys(ctx: Context) -> int:
+    from serving.runtime import database_url
+    from serving.store import ServingStore
+
+    args = ctx.args
+    with ServingStore(database_url(serve_spec(ctx.config, ctx.home))) as store:
+        if args.action == "create":
+            if not args.name:
+                raise ConfigError("keys create needs a NAME (lifecycle keys create my-app)")
+            key, secret = store.create_key(
+                args.name,
+                requests_per_minute=args.rpm,
+                tokens_per_minute=args.tpm,
+                training_opt_in=args.training_opt_in,
+            )
+            ctx.emit(
+                {"id": key.id, "name": key.name, "key": secret, **_key_limits(key)},
+                [f"created key {key.id} ({key.name}); the secret is shown once:", secret],
+            )
+        elif args.action == "list":
+            keys = store.list_keys(include_revoked=args.all)
+            ctx.emit(
+                {"keys": [_key_json(k) for k in keys]},
+                [f"{'id':<16} {'name':<20} {'prefix':<10} {'rpm':>6} {'tpm':>8}  status"]
+                + [
+                    f"{k.id:<16} {k.name:<20} {k.prefix:<10} {k.requests_per_minute or '-':>6} "
+                    f"{k.tokens_per_minute or '-':>8}  {'revoked' if k.revoked_at else 'active'}"
+                    for k in keys
+                ],
+            )
+        else:
+            if not args.name:
+                raise ConfigError("keys revoke needs the key's id or name (lifecycle keys list shows them)")
+            key = store.revoke_key(args.name)
+            ctx.emit(_key_json(key), [f"revoked key {key.id} ({key.name})"])
+    return 0
+
+
+def _key_limits(key: Any) -> dict[str, Any]:
+    return {"requests_per_minute": key.requests_per_minute, "tokens_per_minute": key.tokens_per_minute}
+
+
+def _key_json(key: Any) -> dict[str, Any]:
+    return {
+        "id": key.id,
+        "name": key.name,
+        "prefix": key.prefix,
+        "created_at": key.created_at.isoformat(),
+        "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+        "training_opt_in": key.training_opt_in,
+        **_key_limits(key),
+    }
+
+
 # --- parser -----------------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
@@ -309,6 +438,18 @@ COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
         cmd_gate,
         "evaluate a version and its champion, decide the promotion gate, record it in MLflow (exit 3: failed)",
         "lifecycle gate chat 3\n  lifecycle gate chat 3 --set evals.gate=configs/gates/tiny.yaml --force",
+    ),
+    "serve": (
+        cmd_serve,
+        "start the OpenAI-compatible chat endpoint (BentoML + vLLM) on the versions the registry aliases name",
+        "lifecycle serve\n  lifecycle serve --port 8000 --set serving.routing.fallback=chat@previous-champion\n"
+        "  curl -N http://127.0.0.1:3000/v1/chat/completions -H 'Authorization: Bearer lc-...' "
+        '-d \'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}\'',
+    ),
+    "keys": (
+        cmd_keys,
+        "manage the endpoint's API keys (stored hashed; the secret is shown once)",
+        "lifecycle keys create my-app --rpm 120 --tpm 50000\n  lifecycle keys list\n  lifecycle keys revoke my-app",
     ),
     "lineage": (
         cmd_lineage,
@@ -390,6 +531,21 @@ def build_parser() -> argparse.ArgumentParser:
                 help="with --url: chat (generative tasks only) or completions (every task; needs --tokenizer)",
             )
             p.add_argument("--tokenizer", metavar="DIR", help="with --api completions: the served model's tokenizer")
+        if name == "serve":
+            p.add_argument("--host", help="interface to bind (default: serving.host, 127.0.0.1)")
+            p.add_argument("--port", type=int, help="port to bind (default: serving.port, 3000; 0 picks a free one)")
+            p.add_argument("--detach", action="store_true", help="return once ready and leave the server running")
+        if name == "keys":
+            p.add_argument("action", choices=["create", "list", "revoke"], help="what to do")
+            p.add_argument("name", nargs="?", help="create: a name for the key; revoke: its id or name")
+            p.add_argument("--rpm", type=int, help="requests per minute for this key (default: serving.keys)")
+            p.add_argument("--tpm", type=int, help="tokens per minute for this key (default: serving.keys)")
+            p.add_argument(
+                "--training-opt-in",
+                action="store_true",
+                help="this key's conversations may be curated into training data",
+            )
+            p.add_argument("--all", action="store_true", help="list: include revoked keys")
         if name == "snapshot":
             p.add_argument(
                 "--source",

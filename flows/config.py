@@ -2,7 +2,7 @@
 
     lifecycle --config configs/tiny.yaml --set snapshot.test_fraction=0.2 snapshot
 
-Later stages (evals, serving, monitoring) add their sections here.
+Later stages (monitoring) add their sections here.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from core.config import StrictModel
 from core.home import Home
 from evals.config import EvalConfig
 from registry.config import RegistryConfig
+from serving.config import ServingConfig
 from training.config import BootstrapConfig, DataConfig, FinetuneConfig, SnapshotConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -39,6 +40,9 @@ class LifecycleConfig(StrictModel):
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="DeepSpeed fine-tuning.")
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow tracking and registry.")
     evals: EvalConfig = Field(default_factory=EvalConfig, description="Eval suites and the promotion gate.")
+    serving: ServingConfig = Field(
+        default_factory=ServingConfig, description="The chat endpoint: engines, routing, keys, limits, safety."
+    )
 
     def resolve_home(self, flag: str | None = None) -> Home:
         return Home.resolve(flag or self.home)

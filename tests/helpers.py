@@ -53,3 +53,55 @@ def train_version(cfg: Any, home: Any, run_id: str = "test") -> Any:
     base_version = stages.register_base_stage(cfg, home, base, flow_run_id=run_id)
     result = stages.finetune_stage(cfg, home, snap, base)
     return stages.register_stage(cfg, home, snap, base, base_version, result, flow_run_id=run_id)
+
+
+def lora_adapter(base: Path, out: Path, seed: int, rank: int = 8) -> Path:
+    """A LoRA adapter with random (non-zero) weights on ``base``: a servable version that answers differently
+    from its base, made in a second instead of a fine-tune."""
+    import shutil
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(model, cfg).save_pretrained(str(out))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (base / name).is_file():
+            shutil.copy(base / name, out / name)
+    return out
+
+
+def register_serving_versions(cfg: Any, home: Any, base: Path, work: Path) -> dict[str, Any]:
+    """Registered versions for gateway tests, without training: chat-base/1 (the base), chat/1 and chat/2 (LoRA
+    adapters on it: champion and challenger), chat/3 (a full copy of the base: previous-champion, the fallback,
+    on an engine of its own)."""
+    from flows.stages import open_registry
+    from registry.lineage import register_base_model
+
+    reg = open_registry(cfg, home)
+    manifest = json.loads((base / "lifecycle.json").read_text())
+    base_version = register_base_model(reg, folder=base, manifest=manifest, curve=[], git_sha="test", flow_run_id="t")
+    versions: dict[str, Any] = {}
+    for alias, source, seed in (("champion", "lora", 1), ("challenger", "lora", 2), ("previous-champion", "full", 0)):
+        folder = lora_adapter(base, work / f"adapter-{seed}", seed) if source == "lora" else base
+        tags = {
+            "lineage.base_model": base_version.ref,
+            "lineage.weights_hash": f"{source}-{seed}-{manifest['weights_hash']}"
+            if source == "lora"
+            else manifest["weights_hash"],
+            "lineage.method": source,
+        }
+        run_id = reg.log_run(
+            run_name=f"serving-test-{alias}",
+            params={},
+            metrics=[],
+            artifacts={"model": folder},
+            tags={"lifecycle.stage": "test"},
+        )
+        mv = reg.register(reg.cfg.model_name, run_id, "model", tags)
+        reg.set_alias(mv.name, alias, mv.version, reason="serving test fixture", actor="tests")
+        versions[alias] = mv
+    return versions

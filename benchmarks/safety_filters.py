@@ -1,0 +1,179 @@
+"""Safety filter latency: the pre-filter per request and the streaming post-filter per token, on this machine's CPU.
+
+    .venv/bin/python benchmarks/safety_filters.py
+    .venv/bin/python benchmarks/safety_filters.py --prompts 2000 --replies 200 --library-prompts 300
+
+1. ``PreFilter.check`` on ~2000 conversations of 100 B - 3 KB of user text built from the training generator
+   (training/synth.py): multi-turn chains of its skills, and single messages with a pasted document, whose last
+   request is benign (70%), a harmful request wrapped in one of the safety suite's jailbreak templates (20%) or
+   plain (10%). Prints p50/p90/p99/max, the block rate of each kind, and whether p99 <= 5 ms (the target).
+   The production scorer (``CompiledProfanityScorer``, what ``build_filters`` uses) and, on a subset, the library's
+   own ``ProfanityScorer`` behind the same filter, to show why the compiled one exists.
+2. ``StreamFilter`` on replies of 0.5-2 KB fed as token-sized deltas (1-8 characters), with three
+   ``blocked_output_patterns``: time per ``feed`` (the latency it adds to each token) p50/p99, and ``finish``.
+
+Timings are wall-clock on one thread; nothing here touches a GPU or the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from evals.toxicity import ToxicityScorer
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TARGET_MS = 5.0
+PATTERNS = [r"sk-live-[0-9a-z]{16,}", r"\bproject\s+nightingale\b", r"(?<![\w.])internal\.example\.com\b"]
+
+
+def percentiles(values_ms: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(values_ms, n=100, method="inclusive")
+    return {"p50": q[49], "p90": q[89], "p99": q[98], "max": max(values_ms)}
+
+
+def fmt(stats: dict[str, float], unit: str = "ms") -> str:
+    return "  ".join(f"{k} {v:.3f} {unit}" for k, v in stats.items())
+
+
+def build_conversations(n: int, seed: int) -> list[tuple[str, list[dict[str, str]]]]:
+    """(kind, messages) with 100 B - 3 KB of user text; kind: benign, jailbreak or harmful."""
+    from evals.config import SafetySuite, load_suite
+    from training.config import GeneratorConfig
+    from training.synth import _HARMFUL, SYSTEM_PROMPTS, generate
+
+    suite = load_suite("safety")
+    assert isinstance(suite, SafetySuite)
+    wrappers = list(suite.jailbreaks.values())
+    records = generate(GeneratorConfig(seed=seed))
+    benign = [r for r in records if r["metadata"]["skill"] not in ("refusal",)]
+    harmful = [t.format(x=x) for _, ts, xs, _ in _HARMFUL for t in ts for x in xs]
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        target = int(rng.uniform(100, 3000))
+        roll = rng.random()
+        kind = "benign" if roll < 0.7 else "jailbreak" if roll < 0.9 else "harmful"
+        if kind == "benign":
+            last = rng.choice(benign)["messages"][0]["content"]
+        else:
+            request = rng.choice(harmful)
+            last = rng.choice(wrappers).format(prompt=request) if kind == "jailbreak" else request
+        messages = [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}]
+        if rng.random() < 0.5:  # a multi-turn chat
+            size = len(last)
+            while size < target:
+                turns = rng.choice(benign)["messages"]
+                messages += turns
+                size += sum(len(t["content"]) for t in turns if t["role"] == "user")
+            messages.append({"role": "user", "content": last})
+        else:  # one message quoting a document
+            doc: list[str] = []
+            while sum(map(len, doc)) < target - len(last):
+                doc.append(rng.choice(benign)["messages"][-1]["content"])
+            messages.append({"role": "user", "content": "Here are my notes:\n" + " ".join(doc) + "\n\n" + last})
+        out.append((kind, messages))
+    return out
+
+
+def bench_pre(label: str, conversations: list[tuple[str, list[dict[str, str]]]], scorer: ToxicityScorer) -> float:
+    from serving.config import SafetyConfig
+    from serving.safety import PreFilter
+
+    flt = PreFilter(SafetyConfig(), scorer)
+    for _, messages in conversations[:50]:  # warm-up: caches, first-call imports
+        flt.check(messages)
+    times: list[float] = []
+    blocked = {"benign": 0, "jailbreak": 0, "harmful": 0}
+    counts = dict(blocked)
+    for kind, messages in conversations:
+        start = time.perf_counter_ns()
+        verdict = flt.check(messages)
+        times.append((time.perf_counter_ns() - start) / 1e6)
+        counts[kind] += 1
+        blocked[kind] += verdict.blocked
+    stats = percentiles(times)
+    rates = ", ".join(f"{k} {blocked[k]}/{counts[k]}" for k in counts)
+    met = "met" if stats["p99"] <= TARGET_MS else "NOT met"
+    print(f"  {label:<34} {fmt(stats)}  -> p99 <= {TARGET_MS:g} ms {met}")
+    print(f"  {'':<34} blocked: {rates}")
+    return stats["p99"]
+
+
+def bench_stream(n: int, seed: int, scorer: ToxicityScorer) -> None:
+    from serving.config import SafetyConfig
+    from serving.safety import SafetyFilters
+    from training.config import GeneratorConfig
+    from training.synth import generate
+
+    filters = SafetyFilters(SafetyConfig(blocked_output_patterns=PATTERNS), scorer)
+    answers = [r["messages"][-1]["content"] for r in generate(GeneratorConfig(seed=seed))]
+    rng = random.Random(seed)
+    feeds: list[float] = []
+    finishes: list[float] = []
+    chars = 0
+    for _ in range(n):
+        target = int(rng.uniform(500, 2000))
+        reply = ""
+        while len(reply) < target:
+            reply += rng.choice(answers) + " "
+        flt = filters.stream()
+        i, out = 0, []
+        while i < len(reply):
+            k = rng.randint(1, 8)
+            delta = reply[i : i + k]
+            start = time.perf_counter_ns()
+            out.append(flt.feed(delta))
+            feeds.append((time.perf_counter_ns() - start) / 1e6)
+            i += k
+        start = time.perf_counter_ns()
+        out.append(flt.finish())
+        finishes.append((time.perf_counter_ns() - start) / 1e6)
+        chars += len(reply)
+        assert flt.violation is not None or "".join(out) == reply
+    per_token_us = {k: v * 1000 for k, v in percentiles(feeds).items()}
+    total_ms = sum(feeds) + sum(finishes)
+    print(f"  feed (added latency per token)     {fmt(per_token_us, 'us')}")
+    print(f"  finish (final whole-reply check)   {fmt(percentiles(finishes))}")
+    print(
+        f"  {n} replies, {len(feeds)} tokens, {chars / 1024:.0f} KiB: {total_ms / len(feeds) * 1000:.1f} us per token "
+        f"on average, {total_ms / n:.2f} ms per reply"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=2000, help="conversations for the pre-filter")
+    parser.add_argument("--library-prompts", type=int, default=300, help="of those, run with ProfanityScorer too")
+    parser.add_argument("--replies", type=int, default=200, help="streamed replies for the post-filter")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from evals.toxicity import ProfanityScorer
+    from serving.safety import CompiledProfanityScorer
+
+    conversations = build_conversations(args.prompts, args.seed)
+    sizes = [sum(len(m["content"]) for m in c if m["role"] == "user") for _, c in conversations]
+    print(
+        f"pre-filter: {len(conversations)} conversations, user text {min(sizes)}-{max(sizes)} chars "
+        f"(median {statistics.median(sizes):.0f})"
+    )
+    compiled = CompiledProfanityScorer()
+    p99 = bench_pre("rules + CompiledProfanityScorer", conversations, compiled)
+    if args.library_prompts:
+        bench_pre("rules + ProfanityScorer (library)", conversations[: args.library_prompts], ProfanityScorer())
+    print(f"\nstream post-filter: {args.replies} replies of 0.5-2 KB, 1-8 characters per token, holdback 48")
+    bench_stream(args.replies, args.seed, compiled)
+    return 0 if p99 <= TARGET_MS else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The ``serving:`` section of the root config: where the endpoint listens, which registered versions it serves,
+its vLLM engines, keys and limits, the context budget, safety filters, brownout and latency targets.
+
+Every threshold lives here (YAML), not in code. ``lifecycle serve`` and ``bentoml serve serving.service:Gateway``
+read the same object.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from core.config import StrictModel
+
+
+class EngineSettings(StrictModel):
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Weights and activations dtype (bf16 measured 1.5-1.7x faster than fp32 on CPU)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=16, description="Context window in tokens; null: the model's max_position_embeddings."
+    )
+    max_num_seqs: int = Field(64, ge=1, description="Sequences the scheduler runs at once (continuous batching).")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
+    max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once on a shared base engine.")
+    max_lora_rank: Literal[8, 16, 32, 64, 128, 256] = Field(
+        16, description="Largest adapter rank the engine accepts (vLLM allows these values)."
+    )
+    seed: int = Field(0, description="Engine seed (sampling with a request seed is reproducible).")
+
+
+class RoutingConfig(StrictModel):
+    model_name: str | None = Field(
+        None, description="Registered model whose aliases are served; null: registry.model_name."
+    )
+    served_name: str = Field("chat", description="The OpenAI model name that means 'whatever the aliases say'.")
+    primary_alias: str = Field("champion", description="Alias that answers requests for the served name.")
+    fallback: str | None = Field(
+        None,
+        description="Version that answers when the primary's engine is dead or in brownout: NAME@ALIAS or "
+        "NAME/VERSION (for example chat@previous-champion); null: no fallback.",
+    )
+    extra: list[str] = Field(
+        default_factory=list,
+        description="More versions to load at start (NAME@ALIAS or NAME/VERSION); any registered version may "
+        "also be requested by name and is loaded on first use.",
+    )
+
+
+class KeysConfig(StrictModel):
+    required: bool = Field(True, description="Require 'Authorization: Bearer <key>' on /v1 routes.")
+    requests_per_minute: int = Field(60, ge=1, description="Default per-key request limit (a key may override).")
+    tokens_per_minute: int = Field(
+        20000, ge=1, description="Default per-key token limit: prompt + max_tokens reserved up front, reconciled."
+    )
+    storage_uri: str = Field(
+        "memory://",
+        description="Rate-limit counters (the 'limits' library): memory:// for one process, redis://host:6379 "
+        "when several gateway replicas share the limits.",
+    )
+
+
+class ContextConfig(StrictModel):
+    default_max_tokens: int = Field(256, ge=1, description="Completion budget when a request sets none.")
+    max_tokens_cap: int = Field(1024, ge=1, description="Upper bound on any request's max_tokens.")
+    min_completion_tokens: int = Field(
+        16, ge=1, description="Room kept for the answer when a long conversation is trimmed to the window."
+    )
+
+
+class SafetyConfig(StrictModel):
+    pre_filter: bool = Field(True, description="Check prompts before inference (rules + classifier).")
+    post_filter: bool = Field(True, description="Check generated text before it reaches the client.")
+    toxicity_threshold: float = Field(
+        0.9, ge=0, le=1, description="Classifier score at or above which a prompt or a reply window is blocked."
+    )
+    blocked_output_patterns: list[str] = Field(
+        default_factory=list,
+        description="Regular expressions the reply must never contain (secrets, internal names ...), checked by "
+        "the post-filter in addition to the classifier.",
+    )
+    holdback_chars: int = Field(
+        48,
+        ge=1,
+        description="Streamed text is released only once this many later characters have been generated and "
+        "checked (and at the end): no prefix of a blocked string shorter than this can leak.",
+    )
+    refusal_text: str = Field(
+        "I'm sorry, but I can't help with that request.",
+        description="The answer a prompt blocked by the pre-filter gets (finish_reason content_filter).",
+    )
+    stopped_text: str = Field(
+        "[This response was stopped by the safety filter.]",
+        description="What ends a reply the post-filter stopped (finish_reason content_filter).",
+    )
+
+
+class BrownoutConfig(StrictModel):
+    enabled: bool = Field(True, description="Shed load when the primary is overloaded.")
+    queue_depth: int = Field(32, ge=1, description="Waiting requests on an engine at which brownout starts.")
+    ttft_ms: float = Field(
+        5000, gt=0, description="Recent time-to-first-token (p90 over the window) at which brownout starts."
+    )
+    window_s: float = Field(30, gt=0, description="Time window of the TTFT measurement.")
+    max_tokens: int = Field(64, ge=1, description="max_tokens cap applied to requests during brownout.")
+    use_fallback: bool = Field(
+        True, description="During brownout, send new requests to routing.fallback (when it is set and healthy)."
+    )
+
+
+class SloConfig(StrictModel):
+    ttft_ms: float = Field(1000, gt=0, description="Time-to-first-token target of a good request (goodput).")
+    tpot_ms: float = Field(200, gt=0, description="Time-per-output-token target of a good request (goodput).")
+
+
+class ServingConfig(StrictModel):
+    host: str = Field("127.0.0.1", description="Interface the endpoint binds.")
+    port: int = Field(3000, ge=0, le=65535, description="Port the endpoint binds (0: any free port).")
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL of conversations, usage, keys and the request log; null: SQLite (WAL) under "
+        "$LIFECYCLE_HOME/serving/serving.db. Production: postgresql+psycopg://...",
+    )
+    retention_days: float = Field(30, gt=0, description="Deleted conversations are purged after this many days.")
+    routing: RoutingConfig = Field(default_factory=RoutingConfig, description="Which versions answer.")
+    engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine settings.")
+    keys: KeysConfig = Field(default_factory=KeysConfig, description="API keys and rate limits.")
+    context: ContextConfig = Field(default_factory=ContextConfig, description="Context budget.")
+    safety: SafetyConfig = Field(default_factory=SafetyConfig, description="Pre- and post-filters.")
+    brownout: BrownoutConfig = Field(default_factory=BrownoutConfig, description="Load shedding.")
+    slo: SloConfig = Field(default_factory=SloConfig, description="Latency targets behind the goodput metric.")
+
+    @model_validator(mode="after")
+    def _caps(self) -> ServingConfig:
+        if self.context.default_max_tokens > self.context.max_tokens_cap:
+            raise ValueError("context.default_max_tokens must not exceed context.max_tokens_cap")
+        return self

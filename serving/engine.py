@@ -1,0 +1,214 @@
+"""Inference engines behind one Protocol: vLLM's ``AsyncLLM`` in this process, and what the gateway needs of it.
+
+The gateway knows nothing of vLLM: it calls ``Engine.generate(GenerationRequest)`` and gets ``Delta``s (new text,
+new token count, finish reason), calls ``abort`` when a client goes away, and reads ``state``/``queue_depth``
+for readiness and brownout. Unit tests use fakes implementing the same Protocol.
+
+One ``VllmEngine`` per set of base weights: LoRA versions are adapters on their base's engine (``enable_lora``),
+so champion, canary and shadow adapters cost one engine; a full fine-tune gets its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from serving.config import EngineSettings
+
+log = logging.getLogger("lifecycle.serving")
+
+EngineState = Literal["starting", "ready", "dead", "stopped"]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter to apply on a base engine (vLLM needs a stable positive integer id per adapter)."""
+
+    name: str
+    id: int
+    path: Path
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    adapter: Adapter | None = None
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    new_tokens: int
+    finish_reason: str | None = None  # "stop", "length", "abort" on the last delta
+
+
+class EngineDead(RuntimeError):
+    """The engine process is gone; requests must go elsewhere."""
+
+
+class Tokenizer(Protocol):
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]: ...
+
+
+class Engine(Protocol):
+    key: str  # identity of the weights it serves
+    max_model_len: int
+    tokenizer: Tokenizer
+
+    @property
+    def state(self) -> EngineState: ...
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests admitted but not yet past their first token."""
+        ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class VllmEngine:
+    """``AsyncLLM`` with our bookkeeping. Construct with ``start`` (blocking, ~30 s on CPU: run it in a thread)."""
+
+    def __init__(self, key: str, folder: Path, settings: EngineSettings, *, lora: bool) -> None:
+        self.key = key
+        self.folder = folder
+        self.settings = settings
+        self.lora = lora
+        self._llm: Any = None
+        self._state: EngineState = "starting"
+        self._waiting: set[str] = set()
+        self._running: set[str] = set()
+        self.max_model_len = 0
+        self.tokenizer: Any = None
+        self.started_s: float | None = None
+
+    def start(self) -> VllmEngine:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        t0 = time.monotonic()
+        s = self.settings
+        args = AsyncEngineArgs(
+            model=str(self.folder),
+            dtype=s.dtype,
+            max_num_seqs=s.max_num_seqs,
+            enable_prefix_caching=s.enable_prefix_caching,
+            enable_lora=self.lora,
+            max_loras=s.max_loras,
+            max_lora_rank=s.max_lora_rank,
+            seed=s.seed,
+        )
+        if s.max_model_len:
+            args.max_model_len = s.max_model_len
+        try:
+            self._llm = AsyncLLM.from_engine_args(args)
+        except Exception:
+            self._state = "dead"
+            raise
+        self.max_model_len = int(self._llm.model_config.max_model_len)
+        self.tokenizer = self._llm.get_tokenizer()
+        self.started_s = time.monotonic() - t0
+        self._state = "ready"
+        log.info("engine %s ready in %.1f s (%s)", self.key[:12], self.started_s, self.folder)
+        return self
+
+    @property
+    def state(self) -> EngineState:
+        if self._state == "ready" and self._llm is not None and self._llm.errored:
+            self._state = "dead"
+        return self._state
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting) + len(self._running)
+
+    @property
+    def pids(self) -> list[int]:
+        """Engine-core process ids (shown on /readyz; an operator or a test can find the process)."""
+        manager = getattr(getattr(getattr(self._llm, "engine_core", None), "resources", None), "engine_manager", None)
+        return [p.pid for p in getattr(manager, "processes", []) if p.pid is not None]
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.lora.request import LoRARequest
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if self.state != "ready":
+            raise EngineDead(f"engine {self.key[:12]} is {self.state}")
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=list(request.stop) or None,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            logit_bias=request.logit_bias or None,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        adapter = request.adapter
+        lora = LoRARequest(adapter.name, adapter.id, str(adapter.path)) if adapter else None
+        rid = request.request_id
+        self._waiting.add(rid)
+        try:
+            async for out in self._llm.generate(
+                TokensPrompt(prompt_token_ids=request.prompt_token_ids), params, rid, lora_request=lora
+            ):
+                if rid in self._waiting:
+                    self._waiting.discard(rid)
+                    self._running.add(rid)
+                piece = out.outputs[0]
+                yield Delta(piece.text, len(piece.token_ids), piece.finish_reason if out.finished else None)
+        except EngineDeadError as exc:
+            self._state = "dead"
+            raise EngineDead(f"engine {self.key[:12]} died: {exc}") from exc
+        finally:
+            self._waiting.discard(rid)
+            self._running.discard(rid)
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None and self.state == "ready":
+            await self._llm.abort(request_id)
+
+    def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+        self._state = "stopped"
+
+
+async def drain(engine: Engine, request: GenerationRequest) -> tuple[str, int, str | None]:
+    """Whole text, token count and finish reason of one request (tests and batch callers)."""
+    text, tokens, finish = [], 0, None
+    async for delta in engine.generate(request):
+        text.append(delta.text)
+        tokens += delta.new_tokens
+        finish = delta.finish_reason or finish
+    return "".join(text), tokens, finish

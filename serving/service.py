@@ -1,0 +1,96 @@
+"""The BentoML service: our FastAPI gateway mounted with ``@bentoml.asgi_app``, engines in the worker process.
+
+    LIFECYCLE_SERVE_SPEC=spec.json bentoml serve serving.service:ChatGateway --host 127.0.0.1 --port 3000
+
+(``lifecycle serve`` writes the spec and runs exactly this.) One worker: the vLLM engines live in it, and
+continuous batching, not worker processes, is what serves concurrent requests.
+
+BentoML answers ``/healthz``, ``/readyz`` and ``/metrics`` itself, before mounted apps. ``OpsRoutes`` hands
+``/readyz`` and ``/healthz`` to the gateway, whose readiness knows engines, fallback and degraded mode
+(BentoML's only knows a bool), and ``__metrics__`` appends the gateway's per-version metrics to BentoML's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import bentoml
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from serving.app import create_app
+from serving.runtime import SPEC_ENV, GatewayRuntime, ServeSpec
+
+_OPS_PATHS = ("/readyz", "/healthz")
+
+
+class _Deferred:
+    """The mounted ASGI app. BentoML needs it at import time; the gateway exists only once the service instance
+    is created in the worker (no engines or databases at import)."""
+
+    def __init__(self) -> None:
+        self.target: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":  # BentoML drives the service lifecycle through on_startup/on_shutdown
+            return
+        if self.target is None:
+            body = json.dumps({"status": "starting"}).encode()
+            await send(
+                {"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.target(scope, receive, send)
+
+
+gateway_app = _Deferred()
+
+
+class OpsRoutes:
+    """ASGI middleware: health and readiness come from the gateway, not from BentoML's system routes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in _OPS_PATHS and gateway_app.target is not None:
+            await gateway_app(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+@bentoml.asgi_app(gateway_app, path="/")
+@bentoml.service(name="chat-gateway", workers=1, traffic={"timeout": 3600})
+class ChatGateway:
+    def __init__(self) -> None:
+        spec_path = os.environ.get(SPEC_ENV)
+        if not spec_path:
+            raise RuntimeError(f"{SPEC_ENV} is not set: start the gateway with `lifecycle serve`")
+        self.runtime = GatewayRuntime(ServeSpec.read(Path(spec_path)))
+        gateway_app.target = create_app(self.runtime)
+        self.runtime.load_in_background()
+        self._supervisor: asyncio.Task[None] | None = None
+
+    @bentoml.on_startup
+    async def _start_supervisor(self) -> None:
+        self._supervisor = asyncio.get_running_loop().create_task(self.runtime.supervise())
+
+    @bentoml.on_shutdown
+    async def _stop(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        await self.runtime.gateway.drain()
+        self.runtime.shutdown()
+
+    def __is_ready__(self) -> bool:
+        return self.runtime.readiness()[0] == 200
+
+    def __metrics__(self, content: str) -> str:
+        self.runtime.update_gauges()
+        return content + self.runtime.gateway.metrics.render().decode()
+
+
+ChatGateway.add_asgi_middleware(OpsRoutes)  # type: ignore[attr-defined]  # the decorator returns a Service

@@ -1,0 +1,569 @@
+"""The gateway's persistent state: API keys, conversations, daily usage and the request log, on SQLAlchemy Core.
+
+One ``ServingStore(url)`` per gateway process, built in the app factory and closed on shutdown. The API is
+synchronous (the gateway calls it from a thread pool). The same code runs on SQLite (the default,
+``$LIFECYCLE_HOME/serving/serving.db``) and on ``postgresql+psycopg://`` URLs: portable column types only,
+datetimes stored as UTC and handed back timezone-aware, no dialect-specific SQL.
+
+Tenancy: every conversation read or write takes the caller's key id; a conversation of another key, or one that
+was deleted, raises ``NotFoundError`` exactly like one that never existed, so ids leak nothing. Key id columns are
+plain indexed strings (no foreign key) so a gateway running without keys can use one fixed tenant id.
+
+Privacy: ``log_request`` redacts prompts and replies (``serving.redact``) before writing, so the request log
+that monitoring and training read never holds an email, phone or card number. Conversation history is kept as
+written, because continuing a conversation needs it; deleting one hides it at once and ``purge_deleted`` erases it
+after the retention period.
+
+SQLite specifics (set on every connection): WAL journal (readers never block the writer), a busy timeout, foreign
+keys on, and write transactions opened with ``BEGIN IMMEDIATE`` so that a read-then-write transaction queues on
+the busy timeout instead of failing with "database is locked" when another writer got there first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any, NotRequired, TypedDict
+
+import sqlalchemy as sa
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+
+from core.errors import ConfigError, DataError, NotFoundError
+from serving.redact import redact
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+_WRITE = "lc_write"  # execution option that makes the SQLite begin hook open a write transaction
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """Aware datetimes in, aware UTC datetimes out, on every backend.
+
+    Postgres gets ``timestamptz``; SQLite has no time zone type, so values are stored as naive UTC text and
+    compare correctly as strings. Naive datetimes are refused: their time zone would be a guess.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = _utc(value)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+metadata = sa.MetaData()
+
+keys_t = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("prefix", sa.String(16), nullable=False),
+    sa.Column("secret_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("revoked_at", UtcDateTime),
+    sa.Column("requests_per_minute", sa.Integer),
+    sa.Column("tokens_per_minute", sa.Integer),
+    sa.Column("training_opt_in", sa.Boolean, nullable=False, default=False),
+    # names are unique among active keys only: a revoked key's name can be reused (partial index, both dialects)
+    sa.Index(
+        "ux_api_keys_active_name",
+        "name",
+        unique=True,
+        sqlite_where=sa.text("revoked_at IS NULL"),
+        postgresql_where=sa.text("revoked_at IS NULL"),
+    ),
+)
+
+conversations_t = sa.Table(
+    "conversations",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("key_id", sa.String(64), nullable=False),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("system", sa.Text),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Column("deleted_at", UtcDateTime),
+    sa.Index("ix_conversations_key_created", "key_id", "created_at"),
+    sa.Index("ix_conversations_deleted_at", "deleted_at"),
+)
+
+messages_t = sa.Table(
+    "messages",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("conversation_id", sa.String(40), sa.ForeignKey("conversations.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("role", sa.String(20), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("model_version", sa.String(200)),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Index("ux_messages_conversation_seq", "conversation_id", "seq", unique=True),
+)
+
+usage_t = sa.Table(
+    "usage_daily",
+    metadata,
+    sa.Column("key_id", sa.String(64), primary_key=True),
+    sa.Column("model", sa.String(200), primary_key=True),
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("requests", sa.Integer, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=False),
+    sa.Column("completion_tokens", sa.Integer, nullable=False),
+)
+
+log_t = sa.Table(
+    "request_log",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("request_id", sa.String(100), nullable=False, index=True),
+    sa.Column("at", UtcDateTime, nullable=False, index=True),
+    sa.Column("key_id", sa.String(64)),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("model_version", sa.String(200)),
+    sa.Column("alias", sa.String(200)),
+    sa.Column("route", sa.String(40)),
+    sa.Column("status", sa.String(40), nullable=False),
+    sa.Column("http_status", sa.Integer, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=False),
+    sa.Column("completion_tokens", sa.Integer, nullable=False),
+    sa.Column("ttft_ms", sa.Float),
+    sa.Column("tpot_ms", sa.Float),
+    sa.Column("e2e_ms", sa.Float),
+    sa.Column("stream", sa.Boolean, nullable=False),
+    sa.Column("pre_filter", sa.String(200)),
+    sa.Column("post_filter", sa.String(200)),
+    sa.Column("conversation_id", sa.String(40)),
+    sa.Column("prompt_text", sa.Text),
+    sa.Column("response_text", sa.Text),
+    sa.Column("finish_reason", sa.String(40)),
+    sa.Column("error", sa.Text),
+    sa.Column("redactions", sa.Integer, nullable=False),
+    sa.Index("ix_request_log_version_at", "model_version", "at"),
+)
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A key as listed and authenticated; the secret itself is never stored, only its SHA-256."""
+
+    id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+    requests_per_minute: int | None = None  # None: the serving.keys default
+    tokens_per_minute: int | None = None
+    training_opt_in: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+class StoredMessage(TypedDict):
+    role: str
+    content: str
+    created_at: datetime
+    model_version: NotRequired[str]  # assistant turns only: the version that wrote it
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation; ``messages`` is filled by ``get_conversation`` and left empty by ``list_conversations``."""
+
+    id: str
+    key_id: str
+    model: str
+    system: str | None
+    created_at: datetime
+    updated_at: datetime
+    messages: list[StoredMessage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    day: date
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestLogEntry:
+    """One finished (or refused) request, as monitoring and rollout analysis read it.
+
+    ``status`` is one of ok, content_filter, error, aborted, rate_limited...; ``route`` says which path answered
+    (primary, fallback, brownout); ``pre_filter``/``post_filter`` name the rule or category that blocked.
+    ``redactions`` is set by ``log_request``: how many items ``redact`` replaced in the prompt and reply.
+    """
+
+    request_id: str
+    at: datetime
+    model: str
+    status: str
+    http_status: int
+    key_id: str | None = None
+    model_version: str | None = None
+    alias: str | None = None
+    route: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    stream: bool = False
+    pre_filter: str | None = None
+    post_filter: str | None = None
+    conversation_id: str | None = None
+    prompt_text: str | None = None
+    response_text: str | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    redactions: int = 0
+
+
+_LOG_FIELDS = [c.name for c in log_t.columns if c.name != "id"]
+
+
+class ServingStore:
+    """Keys, conversations, usage and the request log on one SQLAlchemy engine (see the module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            parsed = sa.make_url(url)
+        except ArgumentError as exc:
+            raise ConfigError(f"serving.database_url is not a database URL: {exc}") from exc
+        shown = parsed.render_as_string(hide_password=True)
+        is_sqlite = parsed.get_backend_name() == "sqlite"
+        if is_sqlite and parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
+            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        try:
+            engine = sa.create_engine(parsed, pool_pre_ping=not is_sqlite)
+        except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+            raise ConfigError(f"serving.database_url {shown}: {exc}") from exc
+        if is_sqlite:
+            _configure_sqlite(engine)
+        self._engine = engine
+        self._writer = engine.execution_options(**{_WRITE: True})
+        try:
+            metadata.create_all(self._writer)
+        except SQLAlchemyError as exc:
+            engine.dispose()
+            raise ConfigError(f"cannot open the serving database {shown}: {exc}") from exc
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> ServingStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        with self._engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sa.Connection]:
+        with self._writer.begin() as conn:
+            yield conn
+
+    # keys
+
+    def create_key(
+        self,
+        name: str,
+        *,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        training_opt_in: bool = False,
+    ) -> tuple[ApiKey, str]:
+        """Create a key; returns it with its secret, which is shown this once and never stored."""
+        name = name.strip()
+        if not name:
+            raise ConfigError("a key needs a non-empty name")
+        for label, value in (("requests_per_minute", requests_per_minute), ("tokens_per_minute", tokens_per_minute)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{label} must be >= 1, got {value}")
+        secret = "lc-" + secrets.token_urlsafe(30)  # 30 bytes -> 40 url-safe characters
+        key = ApiKey(
+            id="key_" + secrets.token_hex(6),
+            name=name,
+            prefix=secret[:8],
+            created_at=_now(),
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            training_opt_in=training_opt_in,
+        )
+        try:
+            with self._write() as conn:
+                if conn.execute(sa.select(keys_t.c.id).where(_active_named(name))).first() is not None:
+                    raise ConfigError(f"an active key named {name!r} already exists; revoke it or pick another name")
+                conn.execute(sa.insert(keys_t).values(secret_sha256=_sha256(secret), **asdict(key)))
+        except IntegrityError as exc:  # a concurrent create won the partial unique index
+            raise ConfigError(f"an active key named {name!r} already exists") from exc
+        return key, secret
+
+    def list_keys(self, include_revoked: bool = False) -> list[ApiKey]:
+        query = sa.select(keys_t).order_by(keys_t.c.created_at, keys_t.c.id)
+        if not include_revoked:
+            query = query.where(keys_t.c.revoked_at.is_(None))
+        with self._read() as conn:
+            return [_key(r) for r in conn.execute(query)]
+
+    def revoke_key(self, id_or_name: str) -> ApiKey:
+        """Revoke by id (idempotent: an already revoked key is returned as it is) or by active key name."""
+        with self._write() as conn:
+            row = conn.execute(sa.select(keys_t).where(keys_t.c.id == id_or_name)).first()
+            row = row or conn.execute(sa.select(keys_t).where(_active_named(id_or_name))).first()
+            if row is None:
+                raise NotFoundError(f"no key {id_or_name!r} (neither an id nor the name of an active key)")
+            key = _key(row)
+            if key.revoked_at is None:
+                key = replace(key, revoked_at=_now())
+                conn.execute(sa.update(keys_t).where(keys_t.c.id == key.id).values(revoked_at=key.revoked_at))
+            return key
+
+    def authenticate(self, secret: str) -> ApiKey | None:
+        """The active key whose secret this is, else None (looked up by hash: timing tells nothing of the secret)."""
+        digest = _sha256(secret)
+        with self._read() as conn:
+            row = conn.execute(sa.select(keys_t).where(keys_t.c.secret_sha256 == digest)).first()
+        if row is None or row.revoked_at is not None:
+            return None
+        return _key(row)
+
+    # conversations
+
+    def create_conversation(self, key_id: str, model: str, system: str | None = None) -> Conversation:
+        now = _now()
+        conv = Conversation("conv_" + secrets.token_hex(12), key_id, model, system, now, now)
+        with self._write() as conn:
+            conn.execute(
+                sa.insert(conversations_t).values(
+                    id=conv.id, key_id=key_id, model=model, system=system, created_at=now, updated_at=now
+                )
+            )
+        return conv
+
+    def get_conversation(self, key_id: str, conv_id: str) -> Conversation:
+        with self._read() as conn:
+            conv = _conversation(_owned(conn, key_id, conv_id))
+            rows = conn.execute(
+                sa.select(messages_t).where(messages_t.c.conversation_id == conv_id).order_by(messages_t.c.seq)
+            ).all()
+        for r in rows:
+            msg = StoredMessage(role=r.role, content=r.content, created_at=r.created_at)
+            if r.model_version is not None:
+                msg["model_version"] = r.model_version
+            conv.messages.append(msg)
+        return conv
+
+    def append_messages(
+        self, key_id: str, conv_id: str, messages: Sequence[Mapping[str, Any]], model_version: str | None
+    ) -> None:
+        """Append turns in order; ``model_version`` is recorded on the assistant turns among them."""
+        for m in messages:
+            if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                raise DataError(f"a message needs a role in {sorted(ROLES)} and string content, got {dict(m)!r}")
+        now = _now()
+        with self._write() as conn:  # BEGIN IMMEDIATE on SQLite, a row lock on Postgres: seq cannot race
+            _owned(conn, key_id, conv_id, lock=True)
+            last = conn.execute(sa.select(sa.func.max(messages_t.c.seq)).where(messages_t.c.conversation_id == conv_id))
+            seq = (last.scalar() or 0) + 1
+            if messages:
+                conn.execute(
+                    sa.insert(messages_t),
+                    [
+                        {
+                            "conversation_id": conv_id,
+                            "seq": seq + i,
+                            "role": m["role"],
+                            "content": m["content"],
+                            "model_version": model_version if m["role"] == "assistant" else None,
+                            "created_at": now,
+                        }
+                        for i, m in enumerate(messages)
+                    ],
+                )
+            conn.execute(sa.update(conversations_t).where(conversations_t.c.id == conv_id).values(updated_at=now))
+
+    def list_conversations(self, key_id: str, limit: int = 20, before: str | None = None) -> list[Conversation]:
+        """The key's conversations, newest first; ``before`` is the last id of the previous page."""
+        c = conversations_t.c
+        query = sa.select(conversations_t).where(c.key_id == key_id, c.deleted_at.is_(None))
+        with self._read() as conn:
+            if before is not None:
+                cursor = conn.execute(sa.select(c.created_at).where(c.id == before, c.key_id == key_id)).first()
+                if cursor is None:
+                    raise NotFoundError(f"no conversation {before}")
+                query = query.where(
+                    sa.or_(c.created_at < cursor.created_at, sa.and_(c.created_at == cursor.created_at, c.id < before))
+                )
+            query = query.order_by(c.created_at.desc(), c.id.desc()).limit(limit)
+            return [_conversation(r) for r in conn.execute(query)]
+
+    def delete_conversation(self, key_id: str, conv_id: str) -> None:
+        """Soft delete: hidden from get and list at once, erased by ``purge_deleted`` after the retention period."""
+        with self._write() as conn:
+            _owned(conn, key_id, conv_id)
+            conn.execute(sa.update(conversations_t).where(conversations_t.c.id == conv_id).values(deleted_at=_now()))
+
+    def purge_deleted(self, older_than: timedelta, now: datetime | None = None) -> int:
+        """Erase conversations (and their messages) deleted more than ``older_than`` ago; returns how many."""
+        cutoff = _utc(now or _now()) - older_than
+        doomed = sa.select(conversations_t.c.id).where(conversations_t.c.deleted_at < cutoff)
+        with self._write() as conn:
+            # explicit, not ON DELETE CASCADE: correct even on a SQLite connection without foreign keys
+            conn.execute(sa.delete(messages_t).where(messages_t.c.conversation_id.in_(doomed)))
+            return conn.execute(sa.delete(conversations_t).where(conversations_t.c.deleted_at < cutoff)).rowcount
+
+    # usage
+
+    def record_usage(
+        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int, at: datetime | None = None
+    ) -> None:
+        """Add one request to the key's (model, UTC day) totals.
+
+        Portable upsert: ``UPDATE ... SET n = n + :x`` (atomic per row on every backend); if no row matched,
+        INSERT. Two first requests of a day racing to insert collide on the primary key; the loser retries and
+        takes the UPDATE path. On SQLite the write transaction is IMMEDIATE, so the race cannot even happen.
+        """
+        if prompt_tokens < 0 or completion_tokens < 0:
+            raise DataError(f"token counts must be >= 0 ({prompt_tokens}, {completion_tokens})")
+        day = _utc(at or _now()).date()
+        c = usage_t.c
+        row = sa.and_(c.key_id == key_id, c.model == model, c.day == day)
+        bump = {
+            "requests": c.requests + 1,
+            "prompt_tokens": c.prompt_tokens + prompt_tokens,
+            "completion_tokens": c.completion_tokens + completion_tokens,
+        }
+        for attempt in range(3):
+            try:
+                with self._write() as conn:
+                    if conn.execute(sa.update(usage_t).where(row).values(bump)).rowcount == 0:
+                        first = {"requests": 1, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+                        conn.execute(sa.insert(usage_t).values(key_id=key_id, model=model, day=day, **first))
+                return
+            except IntegrityError:
+                if attempt == 2:
+                    raise
+
+    def usage(self, key_id: str, start: date | None = None, end: date | None = None) -> list[UsageRow]:
+        """Daily totals per model for one key, ``start`` and ``end`` inclusive (UTC days), oldest first."""
+        c = usage_t.c
+        query = sa.select(c.day, c.model, c.requests, c.prompt_tokens, c.completion_tokens).where(c.key_id == key_id)
+        if start is not None:
+            query = query.where(c.day >= start)
+        if end is not None:
+            query = query.where(c.day <= end)
+        with self._read() as conn:
+            return [UsageRow(*r) for r in conn.execute(query.order_by(c.day, c.model))]
+
+    # request log
+
+    def log_request(self, entry: RequestLogEntry) -> RequestLogEntry:
+        """Write one entry with its prompt and reply redacted; returns what was stored."""
+        prompt, p_counts = redact(entry.prompt_text) if entry.prompt_text else (entry.prompt_text, {})
+        response, r_counts = redact(entry.response_text) if entry.response_text else (entry.response_text, {})
+        stored = replace(
+            entry,
+            at=_utc(entry.at),
+            prompt_text=prompt,
+            response_text=response,
+            redactions=sum(p_counts.values()) + sum(r_counts.values()),
+        )
+        with self._write() as conn:
+            conn.execute(sa.insert(log_t).values({f: getattr(stored, f) for f in _LOG_FIELDS}))
+        return stored
+
+    def request_log(
+        self, since: datetime | None = None, model_version: str | None = None, limit: int | None = None
+    ) -> list[RequestLogEntry]:
+        """Entries at or after ``since``, oldest first; with ``limit``, the most recent ``limit`` of them."""
+        c = log_t.c
+        query = sa.select(*[c[f] for f in _LOG_FIELDS])
+        if since is not None:
+            query = query.where(c.at >= _utc(since))
+        if model_version is not None:
+            query = query.where(c.model_version == model_version)
+        query = query.order_by(c.at.desc(), c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        return [RequestLogEntry(**r._asdict()) for r in reversed(rows)]
+
+
+def _configure_sqlite(engine: sa.Engine) -> None:
+    """Pragmas on every new connection, and SQLAlchemy (not the sqlite3 module) in charge of BEGIN."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # the begin hook below emits BEGIN; sqlite3's own is unreliable
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode; fsyncs less
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+
+
+def _owned(conn: sa.Connection, key_id: str, conv_id: str, *, lock: bool = False) -> sa.Row[Any]:
+    """The conversation row if it belongs to ``key_id`` and is not deleted; NotFoundError otherwise."""
+    c = conversations_t.c
+    query = sa.select(conversations_t).where(c.id == conv_id, c.key_id == key_id, c.deleted_at.is_(None))
+    if lock:
+        query = query.with_for_update()  # Postgres row lock; SQLite ignores it (BEGIN IMMEDIATE already locks)
+    row = conn.execute(query).first()
+    if row is None:
+        raise NotFoundError(f"no conversation {conv_id}")
+    return row
+
+
+def _active_named(name: str) -> Any:
+    return sa.and_(keys_t.c.name == name, keys_t.c.revoked_at.is_(None))
+
+
+def _key(row: sa.Row[Any]) -> ApiKey:
+    return ApiKey(**{f.name: getattr(row, f.name) for f in fields(ApiKey)})
+
+
+def _conversation(row: sa.Row[Any]) -> Conversation:
+    return Conversation(row.id, row.key_id, row.model, row.system, row.created_at, row.updated_at)
+
+
+def _sha256(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime {value.isoformat()}: pass a timezone-aware datetime (UTC)")
+    return value.astimezone(UTC)

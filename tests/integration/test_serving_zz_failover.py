@@ -1,0 +1,68 @@
+"""Engine death: the primary's vLLM engine process is killed under a running gateway. Requests for the served name
+go to the fallback instead of failing, /readyz says "degraded" and why, a pinned version on the dead engine is a
+503 (not a silent substitute), and the supervisor restarts the engine.
+
+(Named to run after test_serving.py, which shares the gateway.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from gateway_helpers import Gateway
+
+QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+def _ready(gw: Gateway) -> dict[str, Any]:
+    resp = httpx.get(gw.url + "/readyz", timeout=10)
+    return {"http": resp.status_code, **resp.json()}
+
+
+def _wait_for(gw: Gateway, status: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = _ready(gw)
+        if body["status"] == status:
+            return body
+        time.sleep(0.5)
+    raise AssertionError(f"readyz never said {status!r}: {body}")
+
+
+def test_engine_death_fails_over_to_the_fallback_and_recovers(gateway: Gateway) -> None:
+    client = gateway.client()
+    before = _ready(gateway)
+    primary_key = next(k for k in before["engines"] if k.startswith("lora:"))
+    pids = before["engines"][primary_key]["pids"]
+    assert pids, before
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+    degraded = _wait_for(gateway, "degraded", 60)
+    assert degraded["http"] == 200
+    assert "chat/1" in degraded["reason"] and "chat/3" in degraded["reason"]
+
+    # the served name keeps answering, from the fallback, and says so
+    raw = client.chat.completions.with_raw_response.create(model="chat", messages=QUESTION, max_tokens=8)
+    assert raw.headers["x-model-version"] == "chat/3; alias=previous-champion"
+    assert raw.headers["x-fallback"] == "engine-unavailable"
+    assert raw.parse().choices[0].message.content is not None
+    chunks = list(client.chat.completions.create(model="chat", messages=QUESTION, max_tokens=8, stream=True))
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    # a pinned version on the dead engine is unavailable, OpenAI-shaped, never a silent substitute
+    with pytest.raises(openai.InternalServerError) as err:
+        client.chat.completions.create(model="chat/1", messages=QUESTION, max_tokens=8)
+    assert err.value.status_code == 503
+
+    # the supervisor restarts the engine; the champion answers again
+    _wait_for(gateway, "ready", 240)
+    raw = client.chat.completions.with_raw_response.create(model="chat", messages=QUESTION, max_tokens=8)
+    assert raw.headers["x-model-version"] == "chat/1; alias=champion"
+    assert "fallback" in httpx.get(gateway.url + "/metrics", timeout=10).text

@@ -1,0 +1,202 @@
+"""The gateway's chat page (``serving/web/index.html``, served at ``/``) driven in headless Chromium against a real
+running gateway (the ``gateway`` fixture: ``url``, ``api_key``, ``model``).
+
+The browser is Debian's ``/usr/bin/chromium`` (``.ci/run`` installs it); Playwright is only the driver and never
+downloads a browser of its own. The module skips when that binary is absent.
+
+Contracts checked: the page streams the same greedy answer a direct ``openai`` call gets, shows the model version,
+finish reason and usage; it starts a stored conversation with our ``conversation_id`` extension set to ``"new"``
+and continues it by sending only the new message plus the id the server returned; it shows the server's
+OpenAI-shaped error message for a wrong key; it makes no request off its origin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 60_000
+QUESTION = "What is 2 + 2?"
+FOLLOW_UP = "And what is 3 + 3?"
+ASSISTANT = '.msg[data-role="assistant"]'
+FINISHED = '.msg[data-role="assistant"][data-finish-reason]'
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)"
+)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context()  # a fresh localStorage per test
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def _wait_for_replies(page: Any, n: int) -> None:
+    """Until n assistant replies have finished streaming (the page sets data-finish-reason at the end)."""
+    page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length === n", arg=[FINISHED, n])
+
+
+def _status(page: Any) -> dict[str, str]:
+    """The status line's fields by id (model-version, finish-reason, usage, conversation-id) and their values."""
+    return page.eval_on_selector_all("#status span", "els => Object.fromEntries(els.map(e => [e.id, e.dataset.value]))")
+
+
+def test_page_streams_the_greedy_answer_and_continues_the_conversation(page: Any, gateway: Any) -> None:
+    chat_url = gateway.url + "/v1/chat/completions"
+    urls: list[str] = []
+    bodies: list[dict[str, Any]] = []
+    headers: list[dict[str, str]] = []
+    page.on("request", lambda r: urls.append(r.url))
+    page.on("request", lambda r: bodies.append(r.post_data_json) if r.method == "POST" and r.url == chat_url else None)
+    page.on("response", lambda r: headers.append(r.headers) if r.url == chat_url else None)
+
+    page.goto(gateway.url + "/")
+    page.fill("#api-key", gateway.api_key)
+    page.wait_for_selector(f'#model option[value="{gateway.model}"]', state="attached")
+    page.select_option("#model", gateway.model)
+    page.fill("#temperature", "0")
+    max_tokens = int(page.input_value("#max-tokens"))
+    assert max_tokens == 128  # the page's default
+
+    page.fill("#input", QUESTION)
+    page.click("#send")
+    _wait_for_replies(page, 1)
+    reply = page.locator(ASSISTANT).first
+    page_text = reply.locator(".content").text_content()
+    assert page_text, "the assistant reply is empty"
+    assert page.locator('.msg[data-role="user"] .content').first.text_content() == QUESTION
+
+    # The exact body on the wire: the first turn asks the server to store a new conversation (our extension).
+    assert bodies[0] == {
+        "model": gateway.model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "conversation_id": "new",
+    }
+    conversation_id = headers[0]["x-conversation-id"]
+    assert conversation_id
+
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=gateway.api_key)
+    raw = client.chat.completions.with_raw_response.create(
+        model=gateway.model, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=max_tokens
+    )
+    direct = raw.parse()
+    assert raw.headers["x-model-version"] == headers[0]["x-model-version"], "page and direct call hit different models"
+    assert page_text == direct.choices[0].message.content
+    assert reply.get_attribute("data-finish-reason") == direct.choices[0].finish_reason
+
+    # The status line: model version from the header, finish reason, usage from the final chunk.
+    assert direct.usage is not None
+    usage = direct.usage
+    assert _status(page) == {
+        "model-version": headers[0]["x-model-version"],
+        "finish-reason": direct.choices[0].finish_reason,
+        "usage": f"{usage.prompt_tokens} prompt + {usage.completion_tokens} completion = {usage.total_tokens}",
+        "conversation-id": conversation_id,
+    }
+
+    # Second turn: only the new message, plus our extension field; the server holds the history.
+    page.fill("#input", FOLLOW_UP)
+    page.click("#send")
+    _wait_for_replies(page, 2)
+    assert len(bodies) == 2
+    assert bodies[1]["messages"] == [{"role": "user", "content": FOLLOW_UP}]
+    assert bodies[1]["conversation_id"] == conversation_id
+    assert headers[1]["x-conversation-id"] == conversation_id
+    assert page.locator(ASSISTANT).count() == 2
+    assert page.locator('.msg[data-role="user"]').count() == 2
+
+    # The server-held history gives the same greedy answer as sending the whole history directly.
+    history = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": page_text},
+        {"role": "user", "content": FOLLOW_UP},
+    ]
+    direct2 = client.chat.completions.create(
+        model=gateway.model,
+        messages=history,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=max_tokens,
+    )
+    assert page.locator(ASSISTANT).nth(1).locator(".content").text_content() == direct2.choices[0].message.content
+
+    # "New conversation" forgets the id: the next request starts another one.
+    page.click("#new-conversation")
+    assert page.locator(".msg").count() == 0
+    page.fill("#input", QUESTION)
+    page.click("#send")
+    _wait_for_replies(page, 1)
+    assert bodies[2]["messages"] == [{"role": "user", "content": QUESTION}]
+    assert bodies[2]["conversation_id"] == "new"
+    assert headers[2]["x-conversation-id"] != conversation_id
+
+    assert all(u.startswith(gateway.url + "/") for u in urls), f"requests off the page's origin: {urls}"
+
+
+def test_page_shows_the_servers_error_for_a_wrong_key(page: Any, gateway: Any) -> None:
+    wrong = "sk-wrong-key-for-the-web-page-test"
+    auth = {"Authorization": f"Bearer {wrong}"}
+    models_resp = httpx.get(gateway.url + "/v1/models", headers=auth)
+    chat_body = {"model": gateway.model, "messages": [{"role": "user", "content": QUESTION}], "stream": True}
+    chat_resp = httpx.post(gateway.url + "/v1/chat/completions", headers=auth, json=chat_body)
+    assert models_resp.status_code == chat_resp.status_code == 401
+    models_message = models_resp.json()["error"]["message"]
+    chat_message = chat_resp.json()["error"]["message"]
+    assert models_message and chat_message
+
+    page.goto(gateway.url + "/")
+    page.fill("#api-key", gateway.api_key)
+    page.wait_for_selector(f'#model option[value="{gateway.model}"]', state="attached")
+    page.fill("#api-key", wrong)
+    page.wait_for_function(
+        "m => document.getElementById('error').textContent === m", arg=models_message
+    )  # listing models with the wrong key
+
+    page.fill("#input", QUESTION)
+    with page.expect_response(gateway.url + "/v1/chat/completions") as sent:
+        page.click("#send")
+    assert sent.value.status == 401
+    page.wait_for_function("m => document.getElementById('error').textContent === m", arg=chat_message)
+    assert page.locator(ASSISTANT).count() == 0  # the empty reply placeholder is removed
+    assert page.locator('.msg[data-role="user"]').count() == 1
+
+    # The key is kept in localStorage: a reload fills it in and lists models with it again.
+    page.reload()
+    assert page.input_value("#api-key") == wrong
+    page.wait_for_function("m => document.getElementById('error').textContent === m", arg=models_message)

@@ -1,0 +1,287 @@
+"""The serving store on SQLite in a temporary folder: keys, tenant isolation, soft delete and purge, usage under
+concurrency, and a request log that never holds unredacted text. Raw reads go through ``sqlite3`` so the tests
+see what is on disk, not what the store chooses to return."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from core.errors import ConfigError, DataError, NotFoundError
+from serving.store import RequestLogEntry, ServingStore, UsageRow
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "nested" / "serving" / "serving.db"  # the parent folders do not exist yet
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[ServingStore]:
+    with ServingStore(f"sqlite:///{db_path}") as s:
+        yield s
+
+
+def raw(db_path: Path, sql: str) -> list[tuple[object, ...]]:
+    with sqlite3.connect(db_path) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_sqlite_is_created_in_wal_mode_with_foreign_keys(store: ServingStore, db_path: Path) -> None:
+    assert db_path.is_file()
+    assert raw(db_path, "PRAGMA journal_mode") == [("wal",)]  # persistent: stored in the file
+    with store._engine.connect() as conn:  # per-connection pragmas
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert (conn.exec_driver_sql("PRAGMA busy_timeout").scalar() or 0) >= 1000
+
+
+@pytest.mark.parametrize("url", ["not a url", "nosuchdb://host/db"])
+def test_a_bad_database_url_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError, match="database_url"):
+        ServingStore(url)
+
+
+# keys
+
+
+def test_a_key_is_stored_as_a_hash_and_shown_once(store: ServingStore, db_path: Path) -> None:
+    key, secret = store.create_key("ci", requests_per_minute=5, training_opt_in=True)
+    assert re.fullmatch(r"lc-[A-Za-z0-9_-]{40}", secret)
+    assert re.fullmatch(r"key_[a-z0-9]{6,}", key.id) and key.prefix == secret[:8]
+    assert key.requests_per_minute == 5 and key.tokens_per_minute is None and key.training_opt_in
+    assert key.created_at.tzinfo is UTC
+    rows = raw(db_path, "SELECT * FROM api_keys")
+    assert len(rows) == 1
+    assert hashlib.sha256(secret.encode()).hexdigest() in rows[0]
+    assert not any(secret in str(v) for v in rows[0])
+    assert store.authenticate(secret) == key
+    assert store.authenticate(secret + "x") is None and store.authenticate("") is None
+
+
+def test_a_revoked_key_no_longer_authenticates(store: ServingStore) -> None:
+    key, secret = store.create_key("ci")
+    revoked = store.revoke_key("ci")  # by name
+    assert revoked.id == key.id and revoked.revoked_at is not None and not revoked.active
+    assert store.authenticate(secret) is None
+    assert store.list_keys() == []
+    assert [k.id for k in store.list_keys(include_revoked=True)] == [key.id]
+    assert store.revoke_key(key.id) == revoked  # by id, idempotent
+
+
+def test_active_key_names_are_unique(store: ServingStore) -> None:
+    store.create_key("ci")
+    with pytest.raises(ConfigError, match="already exists"):
+        store.create_key("ci")
+    store.revoke_key("ci")
+    store.create_key("ci")  # a revoked key's name can be reused
+    assert [k.name for k in store.list_keys()] == ["ci"]
+
+
+@pytest.mark.parametrize("kwargs", [{"name": " "}, {"name": "x", "requests_per_minute": 0}])
+def test_bad_key_settings_are_config_errors(store: ServingStore, kwargs: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        store.create_key(**kwargs)  # type: ignore[arg-type]
+
+
+def test_revoking_an_unknown_key_is_not_found(store: ServingStore) -> None:
+    with pytest.raises(NotFoundError, match="no key"):
+        store.revoke_key("nobody")
+
+
+# conversations
+
+
+def test_a_conversation_keeps_its_turns_in_order(store: ServingStore) -> None:
+    conv = store.create_conversation("key_a", "chat", system="be brief")
+    assert conv.id.startswith("conv_")
+    store.append_messages("key_a", conv.id, [{"role": "user", "content": "hi"}], None)
+    store.append_messages("key_a", conv.id, [{"role": "assistant", "content": "hello"}], "chat/3")
+    store.append_messages(
+        "key_a", conv.id, [{"role": "user", "content": "again"}, {"role": "assistant", "content": "yes"}], "chat/4"
+    )
+    got = store.get_conversation("key_a", conv.id)
+    assert got.system == "be brief" and got.model == "chat"
+    assert [(m["role"], m["content"], m.get("model_version")) for m in got.messages] == [
+        ("user", "hi", None),
+        ("assistant", "hello", "chat/3"),
+        ("user", "again", None),
+        ("assistant", "yes", "chat/4"),
+    ]
+    assert all(m["created_at"].tzinfo is UTC for m in got.messages)
+    assert got.updated_at >= got.created_at
+
+
+def test_a_malformed_message_is_refused(store: ServingStore) -> None:
+    conv = store.create_conversation("key_a", "chat")
+    with pytest.raises(DataError, match="role"):
+        store.append_messages("key_a", conv.id, [{"role": "wizard", "content": "x"}], None)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s, c: s.get_conversation("key_b", c),
+        lambda s, c: s.append_messages("key_b", c, [{"role": "user", "content": "mine now"}], None),
+        lambda s, c: s.delete_conversation("key_b", c),
+    ],
+    ids=["get", "append", "delete"],
+)
+def test_another_keys_conversation_is_not_found(
+    store: ServingStore, call: Callable[[ServingStore, str], object]
+) -> None:
+    conv = store.create_conversation("key_a", "chat")
+    store.append_messages("key_a", conv.id, [{"role": "user", "content": "secret plans"}], None)
+    with pytest.raises(NotFoundError, match=f"no conversation {conv.id}"):
+        call(store, conv.id)
+    assert store.list_conversations("key_b") == []
+    assert [m["content"] for m in store.get_conversation("key_a", conv.id).messages] == ["secret plans"]
+
+
+def test_conversations_are_listed_newest_first_in_pages(store: ServingStore) -> None:
+    ids = [store.create_conversation("key_a", "chat").id for _ in range(5)]
+    store.create_conversation("key_b", "chat")
+    first = store.list_conversations("key_a", limit=2)
+    assert [c.id for c in first] == ids[::-1][:2]
+    rest = store.list_conversations("key_a", limit=10, before=first[-1].id)
+    assert [c.id for c in rest] == ids[::-1][2:]
+    with pytest.raises(NotFoundError):
+        store.list_conversations("key_b", before=ids[0])  # a cursor of another key
+
+
+def test_soft_delete_hides_at_once_and_purge_erases_after_retention(store: ServingStore, db_path: Path) -> None:
+    kept = store.create_conversation("key_a", "chat")
+    gone = store.create_conversation("key_a", "chat")
+    store.append_messages("key_a", gone.id, [{"role": "user", "content": "forget me"}], None)
+    store.delete_conversation("key_a", gone.id)
+    with pytest.raises(NotFoundError):
+        store.get_conversation("key_a", gone.id)
+    with pytest.raises(NotFoundError):
+        store.delete_conversation("key_a", gone.id)
+    assert [c.id for c in store.list_conversations("key_a")] == [kept.id]
+    now = datetime.now(UTC)
+    assert store.purge_deleted(timedelta(days=30), now=now + timedelta(days=29)) == 0
+    assert raw(db_path, "SELECT count(*) FROM messages") == [(1,)]  # hidden, not yet erased
+    assert store.purge_deleted(timedelta(days=30), now=now + timedelta(days=31)) == 1
+    assert raw(db_path, "SELECT id FROM conversations") == [(kept.id,)]
+    assert raw(db_path, "SELECT count(*) FROM messages") == [(0,)]
+
+
+# usage
+
+
+def test_usage_accumulates_per_utc_day_and_model(store: ServingStore) -> None:
+    day1 = datetime(2026, 3, 1, 23, 30, tzinfo=UTC)
+    late_local = datetime(2026, 3, 2, 1, 0, tzinfo=UTC).astimezone(ZoneInfo("America/New_York"))
+    store.record_usage("key_a", "chat/3", 10, 5, at=day1)
+    store.record_usage("key_a", "chat/3", 20, 7, at=day1)
+    store.record_usage("key_a", "chat/4", 1, 1, at=day1)
+    store.record_usage("key_a", "chat/3", 3, 3, at=late_local)  # 20:00 on March 1 in New York is March 2 UTC
+    store.record_usage("key_b", "chat/3", 99, 99, at=day1)
+    assert store.usage("key_a") == [
+        UsageRow(date(2026, 3, 1), "chat/3", 2, 30, 12),
+        UsageRow(date(2026, 3, 1), "chat/4", 1, 1, 1),
+        UsageRow(date(2026, 3, 2), "chat/3", 1, 3, 3),
+    ]
+    assert [r.day for r in store.usage("key_a", start=date(2026, 3, 2))] == [date(2026, 3, 2)]
+    assert len(store.usage("key_a", end=date(2026, 3, 1))) == 2
+    with pytest.raises(ValueError, match="naive"):
+        store.record_usage("key_a", "chat/3", 1, 1, at=datetime(2026, 3, 1))
+
+
+def test_concurrent_usage_records_add_up_exactly(store: ServingStore) -> None:
+    threads, per_thread = 8, 25
+    start = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        start.wait()
+        try:
+            for _ in range(per_thread):
+                store.record_usage("key_a", "chat/3", 3, 2)
+        except BaseException as exc:  # surfaced below; a thread's exception is otherwise only printed
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    [row] = store.usage("key_a")
+    assert (row.requests, row.prompt_tokens, row.completion_tokens) == (200, 600, 400)
+
+
+def test_concurrent_appends_keep_every_turn(store: ServingStore) -> None:
+    conv = store.create_conversation("key_a", "chat")
+    start = threading.Barrier(4)
+
+    def work(n: int) -> None:
+        start.wait()
+        for i in range(10):
+            store.append_messages("key_a", conv.id, [{"role": "user", "content": f"{n}-{i}"}], None)
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    contents = [m["content"] for m in store.get_conversation("key_a", conv.id).messages]
+    assert sorted(contents) == sorted(f"{n}-{i}" for n in range(4) for i in range(10))
+    for n in range(4):  # each writer's turns stay in its order
+        mine = [c for c in contents if c.startswith(f"{n}-")]
+        assert mine == [f"{n}-{i}" for i in range(10)]
+
+
+# request log
+
+
+def entry(**overrides: object) -> RequestLogEntry:
+    base: dict[str, object] = {
+        "request_id": "chatcmpl-1",
+        "at": datetime(2026, 3, 1, 12, 0, tzinfo=UTC),
+        "model": "chat",
+        "model_version": "chat/3",
+        "status": "ok",
+        "http_status": 200,
+        "key_id": "key_a",
+        "route": "primary",
+        "prompt_tokens": 12,
+        "completion_tokens": 4,
+        "ttft_ms": 80.5,
+        "stream": True,
+    }
+    return RequestLogEntry(**(base | overrides))  # type: ignore[arg-type]
+
+
+def test_the_request_log_never_stores_unredacted_text(store: ServingStore, db_path: Path) -> None:
+    stored = store.log_request(
+        entry(
+            prompt_text="I am jo@example.com, card 4111 1111 1111 1111",
+            response_text="I will call +1 415-555-0100",
+        )
+    )
+    assert stored.prompt_text == "I am [EMAIL], card [CARD]" and stored.redactions == 3
+    dump = " ".join(str(v) for row in raw(db_path, "SELECT * FROM request_log") for v in row)
+    for secret in ("jo@example.com", "4111", "415-555-0100"):
+        assert secret not in dump
+    [back] = store.request_log()
+    assert back == stored and back.at.tzinfo is UTC and back.stream is True and back.ttft_ms == 80.5
+
+
+def test_the_request_log_is_read_by_time_and_version(store: ServingStore) -> None:
+    t0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    for i in range(6):
+        version = "chat/3" if i % 2 else "chat/4"
+        store.log_request(entry(request_id=f"r{i}", at=t0 + timedelta(minutes=i), model_version=version))
+    assert [e.request_id for e in store.request_log()] == [f"r{i}" for i in range(6)]
+    assert [e.request_id for e in store.request_log(since=t0 + timedelta(minutes=3))] == ["r3", "r4", "r5"]
+    assert [e.request_id for e in store.request_log(model_version="chat/3")] == ["r1", "r3", "r5"]
+    assert [e.request_id for e in store.request_log(limit=2)] == ["r4", "r5"]  # the latest, oldest first

@@ -347,16 +347,13 @@ def cmd_serve(ctx: Context) -> int:
             ],
         )
         ctx.out.flush()
-        if ctx.args.detach:
-            return 0
         assert gateway.proc is not None
         return gateway.proc.wait()
     except KeyboardInterrupt:
         print("stopping the gateway ...", file=sys.stderr)
         return 0
     finally:
-        if not ctx.args.detach:
-            gateway.stop()
+        gateway.stop()
 
 
 def cmd_keys(ctx: Context) -> int:
@@ -534,7 +531,6 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "serve":
             p.add_argument("--host", help="interface to bind (default: serving.host, 127.0.0.1)")
             p.add_argument("--port", type=int, help="port to bind (default: serving.port, 3000; 0 picks a free one)")
-            p.add_argument("--detach", action="store_true", help="return once ready and leave the server running")
         if name == "keys":
             p.add_argument("action", choices=["create", "list", "revoke"], help="what to do")
             p.add_argument("name", nargs="?", help="create: a name for the key; revoke: its id or name")

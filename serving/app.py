@@ -277,9 +277,13 @@ async def _until_disconnect(request: Request, work: Any) -> Any:
     """Run ``work`` until it finishes or the client disconnects (then it is cancelled, which aborts the engine
     request inside it); returns None in the second case."""
     result: list[Any] = []
+    failed: list[BaseException] = []
 
     async def run(scope: anyio.CancelScope) -> None:
-        result.append(await work)
+        try:
+            result.append(await work)
+        except Exception as exc:  # raised after the task group, so handlers see it and not an ExceptionGroup
+            failed.append(exc)
         scope.cancel()
 
     async def watch(scope: anyio.CancelScope) -> None:
@@ -292,4 +296,6 @@ async def _until_disconnect(request: Request, work: Any) -> Any:
     async with anyio.create_task_group() as tg:
         tg.start_soon(run, tg.cancel_scope)
         tg.start_soon(watch, tg.cancel_scope)
+    if failed:
+        raise failed[0]
     return result[0] if result else None

@@ -7,6 +7,7 @@ applies the decision, marks the response (``x-brownout`` header) and counts it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -56,4 +57,4 @@ class TtftWindow:
         if not self._samples:
             return None
         values = sorted(v for _, v in self._samples)
-        return values[min(len(values) - 1, int(0.9 * len(values)))]
+        return values[math.ceil(0.9 * len(values)) - 1]  # nearest rank: one slow request in ten is not the p90

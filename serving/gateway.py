@@ -157,8 +157,7 @@ class Gateway:
         if key is None:
             raise bad_request("Conversations need an API key (they belong to the key)", param="conversation_id")
         if req.conversation_id == protocol.NEW_CONVERSATION:
-            conv = await anyio.to_thread.run_sync(lambda: self.store.create_conversation(key.id, req.model))
-            return conv.id, []
+            return protocol.NEW_CONVERSATION, []  # created by prepare once every check has passed
         if any(m.role in ("system", "developer") for m in req.messages):
             raise bad_request(
                 "A system prompt is set when a conversation starts; send only the new turns", param="messages"
@@ -226,6 +225,7 @@ class Gateway:
             call.pre_filter = verdict.rule or "blocked"
             call.status = "content_filter"
             self.metrics.safety_hits.labels(served.ref, "pre", call.pre_filter).inc()
+            await self._start_conversation(call)
             return call
         if key is not None:
             tpm = key.tokens_per_minute or self.cfg.keys.tokens_per_minute
@@ -243,7 +243,15 @@ class Gateway:
                     raise APIError(429, why, type="rate_limit_error", code="request_too_large")
                 raise rate_limited(why, decision.retry_after_s, code="rate_limit_tokens")
             call.reserved_tokens = want
+        await self._start_conversation(call)
         return call
+
+    async def _start_conversation(self, call: Call) -> None:
+        """A requested new conversation exists only once the request is accepted: a refused request leaves none."""
+        if call.conversation_id == protocol.NEW_CONVERSATION and call.key is not None:
+            key_id, model = call.key.id, call.request.model
+            conv = await anyio.to_thread.run_sync(lambda: self.store.create_conversation(key_id, model))
+            call.conversation_id = conv.id
 
     # --- generation -----------------------------------------------------------------------------------------
 
@@ -438,8 +446,8 @@ class Gateway:
             log.exception("recording request %s failed", call.request_id)
 
     def log_rejected(self, request_id: str, key: ApiKey | None, model: str, exc: APIError, started: float) -> None:
-        """Requests refused before generation (401 excepted: no key, nothing to attribute) still leave a row."""
-        self.metrics.errors.labels(str(exc.status), exc.code or exc.type).inc()
+        """Requests refused before generation (401 excepted: no key, nothing to attribute) still leave a row.
+        (The error metric is counted by the app's error handler.)"""
         if exc.status == 401:
             return
         try:

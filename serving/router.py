@@ -98,9 +98,9 @@ class Router:
         _, alias, _ = parse_ref(ref)
         key = f"{mv.ref}#dedicated" if dedicated else mv.ref
         with self._lock:
-            if alias:
-                self._aliases[alias] = mv.version
             if key in self._versions:
+                if alias:
+                    self._aliases[alias] = mv.version
                 return self._versions[key].via(alias)
         folder = self.registry.resolve(mv.ref)
         if (folder / "adapter_config.json").is_file():
@@ -120,6 +120,8 @@ class Router:
             self._versions[key] = served
             # a pinned NAME/VERSION request for the fallback version uses the fallback's engine
             self._versions.setdefault(mv.ref, served)
+            if alias:  # only now: an engine that failed to start leaves the alias on the version that works
+                self._aliases[alias] = mv.version
         log.info("serving %s on engine %s%s", mv.ref, engine.key[:24], " (adapter)" if adapter else "")
         return served.via(alias)
 
@@ -145,7 +147,11 @@ class Router:
                     changed.append(f"{alias}: removed")
                 continue
             if now != version:
-                self.load(f"{self.model_name}@{alias}")
+                ref = f"{self.model_name}@{alias}"
+                if ref == self.routing.fallback:  # the fallback follows its alias, on an engine of its own
+                    self._fallback = self.load(ref, dedicated=True)
+                else:
+                    self.load(ref)
                 changed.append(f"{alias}: {version} -> {now}")
         return changed
 
@@ -188,6 +194,10 @@ class Router:
             mv = self.registry.parse(ref)
         except NotFoundError:
             raise NotFoundError(self._unknown(ref)) from None
+        with self._lock:
+            loaded = mv.ref in self._versions
+        if loaded:  # a new alias on a version already served
+            return self.load(ref)
         folder = self.registry.resolve(mv.ref)
         base_ref = mv.lineage.get("base_model")
         if (folder / "adapter_config.json").is_file() and base_ref:

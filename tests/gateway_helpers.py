@@ -18,6 +18,7 @@ class Gateway:
     api_key: str
     other_key: str
     limited_key: str
+    eval_key: str
     model: str
     home: Home
     config: LifecycleConfig

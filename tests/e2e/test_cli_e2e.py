@@ -86,6 +86,56 @@ def test_run_trains_registers_and_gates_as_prefect_flows_and_reuses_work(home: P
     assert "items" not in metrics["safety/refusal_rate"]  # per-item scores stay in the stored report
 
 
+@pytest.mark.slow  # a gateway start (~1 min); the gateway itself is tested through the same launcher in integration
+def test_serve_answers_with_the_trained_version_and_stops_on_ctrl_c(home: Path) -> None:
+    import signal
+    import time
+
+    import httpx
+    import openai
+
+    from serving.launcher import free_port
+
+    created = lifecycle("keys", "create", "e2e", "--json", home=home)
+    assert created.returncode == 0, created.stderr
+    key = json.loads(created.stdout)["key"]
+    port = free_port()
+    exe = Path(sys.executable).parent / "lifecycle"
+    args = [
+        exe,
+        "serve",
+        "--config",
+        NORMAL,
+        "--home",
+        str(home),
+        "--port",
+        str(port),
+        "--json",
+        "--set",
+        "serving.routing.primary_alias=candidate",
+    ]  # the version `run` trained and gated
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline() + "".join(iter(lambda: proc.stdout.readline(), "}\n")) + "}")
+        assert ready["status"] == "ready" and ready["primary"] == "chat/1; alias=candidate"
+        client = openai.OpenAI(base_url=ready["openai_base_url"], api_key=key, max_retries=0)
+        chunks = list(
+            client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "What is 2 + 2?"}], stream=True, max_tokens=16
+            )
+        )
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        assert "".join(c.choices[0].delta.content or "" for c in chunks)
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    time.sleep(1)
+    with pytest.raises(httpx.ConnectError):  # the gateway, its worker and engines are gone
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+
+
 @pytest.mark.slow  # a second bootstrap, fine-tune and eval (~2 min); the poisoned scenarios cover the gate in CI
 def test_an_undertrained_version_is_blocked_with_exit_3(home: Path) -> None:
     """tiny.yaml's 12-step LoRA learns too little: the gate fails it on quality, by name, and says so."""

@@ -55,5 +55,6 @@ def gateway(
         _, key = store.create_key("tests")
         _, other = store.create_key("other-tenant")
         _, limited = store.create_key("limited", requests_per_minute=2, tokens_per_minute=200)
+        _, evals = store.create_key("evals", requests_per_minute=100_000, tokens_per_minute=10_000_000)
     with GatewayProcess(spec) as proc:
-        yield Gateway(proc.url, key, other, limited, "chat", home, cfg, versions, bad_id, bad, benign_id, proc)
+        yield Gateway(proc.url, key, other, limited, evals, "chat", home, cfg, versions, bad_id, bad, benign_id, proc)

@@ -402,3 +402,28 @@ def _wait_for_queue(gw: Gateway, depth: int, timeout_s: float = 30) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"the primary's queue never reached {depth}: {engines}")
+
+
+# --- lm-eval, unmodified ---------------------------------------------------------------------------------------
+
+
+def test_lm_eval_local_chat_completions_runs_against_the_gateway(
+    gateway: Gateway, tiny_snapshot: Any, tmp_path: Any
+) -> None:
+    from evals.config import EvalConfig, load_suite
+    from evals.runner import UrlTarget, run_eval
+    from evals.sets import build_eval_sets
+
+    suite = load_suite("quality").model_copy(update={"items_per_skill": 3})
+    sets = build_eval_sets(tiny_snapshot, gateway.config.data.generator, [suite], seed=1, root=tmp_path)
+    target = UrlTarget(label="gateway", base_url=gateway.base_url, model="chat/3", api_key=gateway.eval_key)
+    report = run_eval(EvalConfig(), target, sets, [suite])
+    exact = report.metrics()["quality/exact_match"]
+    assert len(exact.items) == 3 * len(suite.skills)  # every item answered through the gateway
+    # lm-eval's requests are in the request log like any client's: non-streaming, greedy, on chat/3
+    with sqlite3.connect(gateway.home.serving / "serving.db") as con:
+        n = con.execute(
+            "select count(*) from request_log where model_version = 'chat/3' and key_id = "
+            "(select id from api_keys where name = 'evals') and status = 'ok'"
+        ).fetchone()[0]
+    assert n == len(exact.items)

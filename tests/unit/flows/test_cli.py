@@ -124,3 +124,33 @@ def test_eval_and_gate_input_errors_are_one_line(capsys: pytest.CaptureFixture[s
     assert code == 2 and "nope.yaml" in err
     code, _, err = run(capsys, "eval", "chat", "1", *home, "--set", "evals.suites=[quality,poetry]")
     assert code == 2 and "no suite 'poetry'" in err
+
+
+def test_keys_create_list_revoke(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    home = ["--home", str(tmp_path)]
+    code, out, _ = run(capsys, "keys", "create", "my-app", "--rpm", "120", "--tpm", "5000", "--json", *home)
+    assert code == 0
+    created = json.loads(out)
+    assert created["key"].startswith("lc-") and created["requests_per_minute"] == 120
+    code, out, _ = run(capsys, "keys", "list", *home)
+    assert code == 0 and "my-app" in out and created["key"] not in out  # the secret is shown once only
+    db = (tmp_path / "serving" / "serving.db").read_bytes()
+    assert created["key"].encode() not in db  # stored hashed
+    code, out, err = run(capsys, "keys", "create", "my-app", *home)
+    assert code == 2 and err.count("\n") == 1 and "my-app" in err
+    code, out, _ = run(capsys, "keys", "revoke", "my-app", *home)
+    assert code == 0 and created["id"] in out
+    code, out, _ = run(capsys, "keys", "list", "--json", *home)
+    assert json.loads(out)["keys"] == []
+    code, _, err = run(capsys, "keys", "revoke", "nobody", *home)
+    assert code == 1 and err.count("\n") == 1
+    code, _, err = run(capsys, "keys", "create", *home)
+    assert code == 2 and "needs a NAME" in err
+
+
+def test_serve_without_a_champion_says_what_to_do(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(capsys, "serve", "--config", TINY, "--home", str(tmp_path))
+    assert code == 1 and out == "" and "Traceback" not in err
+    last = err.strip().splitlines()[-1]  # (above it: MLflow's note that it created its database)
+    assert last.startswith("lifecycle: error: no version of 'chat' has the alias 'champion'")
+    assert "--set serving.routing.primary_alias=candidate" in last

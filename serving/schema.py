@@ -1,0 +1,218 @@
+"""The serving database's tables, and the frozen records ``ServingStore`` (``serving.store``) reads from them.
+
+Portable column types only, so the same tables run on SQLite and on Postgres; every datetime column is a
+``UtcDateTime`` (stored as UTC, handed back timezone-aware). Key id columns are plain indexed strings (no foreign key)
+so a gateway running without keys can use one fixed tenant id. Records: ``ApiKey`` (api_keys), ``Conversation`` and
+``StoredMessage`` (conversations, messages), ``UsageRow`` (usage_daily), ``RequestLogEntry`` (request_log).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import NotRequired, TypedDict
+
+import sqlalchemy as sa
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """Aware datetimes in, aware UTC datetimes out, on every backend.
+
+    Postgres gets ``timestamptz``; SQLite has no time zone type, so values are stored as naive UTC text and
+    compare correctly as strings. Naive datetimes are refused: their time zone would be a guess.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = to_utc(value)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+metadata = sa.MetaData()
+
+keys_t = sa.Table(
+    "api_keys",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("prefix", sa.String(16), nullable=False),
+    sa.Column("secret_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("revoked_at", UtcDateTime),
+    sa.Column("requests_per_minute", sa.Integer),
+    sa.Column("tokens_per_minute", sa.Integer),
+    sa.Column("training_opt_in", sa.Boolean, nullable=False, default=False),
+    # names are unique among active keys only: a revoked key's name can be reused (partial index, both dialects)
+    sa.Index(
+        "ux_api_keys_active_name",
+        "name",
+        unique=True,
+        sqlite_where=sa.text("revoked_at IS NULL"),
+        postgresql_where=sa.text("revoked_at IS NULL"),
+    ),
+)
+
+conversations_t = sa.Table(
+    "conversations",
+    metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("key_id", sa.String(64), nullable=False),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("system", sa.Text),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Column("updated_at", UtcDateTime, nullable=False),
+    sa.Column("deleted_at", UtcDateTime),
+    sa.Index("ix_conversations_key_created", "key_id", "created_at"),
+    sa.Index("ix_conversations_deleted_at", "deleted_at"),
+)
+
+messages_t = sa.Table(
+    "messages",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("conversation_id", sa.String(40), sa.ForeignKey("conversations.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("role", sa.String(20), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("model_version", sa.String(200)),
+    sa.Column("created_at", UtcDateTime, nullable=False),
+    sa.Index("ux_messages_conversation_seq", "conversation_id", "seq", unique=True),
+)
+
+usage_t = sa.Table(
+    "usage_daily",
+    metadata,
+    sa.Column("key_id", sa.String(64), primary_key=True),
+    sa.Column("model", sa.String(200), primary_key=True),
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("requests", sa.Integer, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=False),
+    sa.Column("completion_tokens", sa.Integer, nullable=False),
+)
+
+log_t = sa.Table(
+    "request_log",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("request_id", sa.String(100), nullable=False, index=True),
+    sa.Column("at", UtcDateTime, nullable=False, index=True),
+    sa.Column("key_id", sa.String(64)),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("model_version", sa.String(200)),
+    sa.Column("alias", sa.String(200)),
+    sa.Column("route", sa.String(40)),
+    sa.Column("status", sa.String(40), nullable=False),
+    sa.Column("http_status", sa.Integer, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=False),
+    sa.Column("completion_tokens", sa.Integer, nullable=False),
+    sa.Column("ttft_ms", sa.Float),
+    sa.Column("tpot_ms", sa.Float),
+    sa.Column("e2e_ms", sa.Float),
+    sa.Column("stream", sa.Boolean, nullable=False),
+    sa.Column("pre_filter", sa.String(200)),
+    sa.Column("post_filter", sa.String(200)),
+    sa.Column("conversation_id", sa.String(40)),
+    sa.Column("prompt_text", sa.Text),
+    sa.Column("response_text", sa.Text),
+    sa.Column("finish_reason", sa.String(40)),
+    sa.Column("error", sa.Text),
+    sa.Column("redactions", sa.Integer, nullable=False),
+    sa.Index("ix_request_log_version_at", "model_version", "at"),
+)
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A key as listed and authenticated; the secret itself is never stored, only its SHA-256."""
+
+    id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+    requests_per_minute: int | None = None  # None: the serving.keys default
+    tokens_per_minute: int | None = None
+    training_opt_in: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+class StoredMessage(TypedDict):
+    role: str
+    content: str
+    created_at: datetime
+    model_version: NotRequired[str]  # assistant turns only: the version that wrote it
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation; ``messages`` is filled by ``get_conversation`` and left empty by ``list_conversations``."""
+
+    id: str
+    key_id: str
+    model: str
+    system: str | None
+    created_at: datetime
+    updated_at: datetime
+    messages: list[StoredMessage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    day: date
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestLogEntry:
+    """One finished (or refused) request, as monitoring and rollout analysis read it.
+
+    ``status`` is one of ok, content_filter, error, aborted, rate_limited...; ``route`` says which path answered
+    (primary, fallback, brownout); ``pre_filter``/``post_filter`` name the rule or category that blocked.
+    ``redactions`` is set by ``log_request``: how many items ``redact`` replaced in the prompt and reply.
+    """
+
+    request_id: str
+    at: datetime
+    model: str
+    status: str
+    http_status: int
+    key_id: str | None = None
+    model_version: str | None = None
+    alias: str | None = None
+    route: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    stream: bool = False
+    pre_filter: str | None = None
+    post_filter: str | None = None
+    conversation_id: str | None = None
+    prompt_text: str | None = None
+    response_text: str | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    redactions: int = 0
+
+
+def to_utc(value: datetime) -> datetime:
+    """``value`` in UTC; a naive datetime is refused (ValueError), since its time zone would be a guess."""
+    if value.tzinfo is None:
+        raise ValueError(f"naive datetime {value.isoformat()}: pass a timezone-aware datetime (UTC)")
+    return value.astimezone(UTC)

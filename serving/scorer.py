@@ -1,0 +1,55 @@
+"""The production toxicity scorer of both safety filters: alt-profanity-check's model evaluated with numpy.
+
+``build_filters`` (``serving.safety``) puts one ``CompiledProfanityScorer`` behind the pre- and post-filter;
+benchmarks/safety_filters.py measures it against ``evals.toxicity.ProfanityScorer``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class CompiledProfanityScorer:
+    """alt-profanity-check's own fitted model, evaluated with numpy instead of sklearn's ``predict_proba``.
+
+    Why: ``ProfanityScorer`` costs 7-16 ms per call here (measured), almost all of it sklearn's per-call input
+    validation in ``CalibratedClassifierCV`` (5 calibrated LinearSVCs), which alone breaks the pre-filter's 5 ms p99.
+    The same vocabulary, idf weights, SVM coefficients and sigmoid calibrators give the same scores (tested to 1e-9)
+    in tens of microseconds.
+    """
+
+    name = "alt-profanity-check"
+
+    def __init__(self) -> None:
+        from profanity_check import profanity_check as pc  # loads the bundled model (~1 s)
+
+        vec, model = pc.vectorizer, pc.model
+        if vec.norm != "l2" or not vec.use_idf or vec.sublinear_tf or vec.binary or model.method != "sigmoid":
+            raise RuntimeError("alt-profanity-check's model changed shape; use evals.toxicity.ProfanityScorer")
+        clfs = model.calibrated_classifiers_
+        self._analyze = vec.build_analyzer()
+        self._vocab: dict[str, int] = vec.vocabulary_
+        self._idf = np.asarray(vec.idf_, dtype=np.float64)
+        self._coef = np.stack([c.estimator.coef_[0] for c in clfs], axis=1)  # (features, classifiers)
+        self._intercept = np.array([c.estimator.intercept_[0] for c in clfs])
+        self._a = np.array([c.calibrators[0].a_ for c in clfs])
+        self._b = np.array([c.calibrators[0].b_ for c in clfs])
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        return [self._score_one(t) for t in texts]
+
+    def _score_one(self, text: str) -> float:
+        counts: dict[int, int] = {}
+        for token in self._analyze(text):
+            j = self._vocab.get(token)
+            if j is not None:
+                counts[j] = counts.get(j, 0) + 1
+        decision = self._intercept
+        if counts:
+            idx = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+            tfidf = np.fromiter(counts.values(), dtype=np.float64, count=len(counts)) * self._idf[idx]
+            decision = decision + (tfidf / math.sqrt(float(tfidf @ tfidf))) @ self._coef[idx]
+        return float(np.mean(1.0 / (1.0 + np.exp(self._a * decision + self._b))))

@@ -1,0 +1,281 @@
+"""The router on a fake registry and a fake engine factory: which versions share an engine, what each model name
+routes to, what is loaded on demand and what is refused, and how alias moves and engine restarts are picked up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from unit.serving.fakes import FakeEngine, FakeFactory, FakeRegistry
+from unit.serving.harness import registry_with_versions
+
+from core.errors import NotFoundError
+from serving.config import RoutingConfig
+from serving.router import Router
+
+BASE_ENGINE = "lora:w-chat-base-1"
+FALLBACK_ENGINE = "lora:w-chat-base-1#chat/1"
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> FakeRegistry:
+    return registry_with_versions(tmp_path)
+
+
+@pytest.fixture
+def factory() -> FakeFactory:
+    return FakeFactory()
+
+
+def router(registry: FakeRegistry, factory: FakeFactory, **routing: object) -> Router:
+    r = Router(registry, RoutingConfig.model_validate(routing), "chat", factory)
+    r.load_configured()
+    return r
+
+
+def test_lora_versions_share_one_base_engine_with_distinct_adapters(
+    registry: FakeRegistry, factory: FakeFactory
+) -> None:
+    r = router(registry, factory, extra=["chat@canary"])
+    assert factory.starts == [(BASE_ENGINE, registry.folder("chat-base/1"), True)]  # the base's folder, LoRA on
+    champion, canary = r.route("chat").model, r.route("chat@canary").model
+    assert champion.engine is canary.engine
+    assert champion.adapter is not None and canary.adapter is not None
+    assert (champion.adapter.name, champion.adapter.path) == ("chat/2", registry.folder("chat/2"))
+    assert (canary.adapter.name, canary.adapter.path) == ("chat/4", registry.folder("chat/4"))
+    assert champion.adapter.id != canary.adapter.id
+    assert champion.adapter.id > 0 and canary.adapter.id > 0
+
+
+def test_full_versions_get_their_own_engine(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, extra=["chat/3"])
+    assert factory.starts == [
+        (BASE_ENGINE, registry.folder("chat-base/1"), True),
+        ("full:w-chat-3", registry.folder("chat/3"), False),
+    ]
+    full = r.route("chat/3").model
+    assert full.adapter is None
+    assert full.engine is factory.engines["full:w-chat-3"]
+    assert full.engine is not r.route("chat").model.engine
+
+
+def test_full_versions_with_the_same_weights_share_an_engine(registry: FakeRegistry, factory: FakeFactory) -> None:
+    registry.add_full("chat", "5", weights_hash="w-chat-3")  # re-registered, same weights hash
+    r = router(registry, factory, extra=["chat/3", "chat/5"])
+    assert [key for key, _, _ in factory.starts] == [BASE_ENGINE, "full:w-chat-3"]
+    assert r.route("chat/3").model.engine is r.route("chat/5").model.engine
+
+
+def test_fallback_gets_a_dedicated_engine_even_on_the_primarys_base(
+    registry: FakeRegistry, factory: FakeFactory
+) -> None:
+    r = router(registry, factory, fallback="chat@previous-champion")
+    assert factory.starts == [
+        (BASE_ENGINE, registry.folder("chat-base/1"), True),
+        (FALLBACK_ENGINE, registry.folder("chat-base/1"), True),
+    ]
+    route = r.route("chat")
+    assert route.fallback is not None and r.fallback is not None
+    assert route.fallback.engine is factory.engines[FALLBACK_ENGINE]
+    assert route.fallback.engine is not route.model.engine
+    assert route.fallback.header() == "chat/1; alias=previous-champion"
+    assert route.fallback.adapter is not None and route.fallback.adapter.name == "chat/1"
+    # the fallback version asked for by alias or pinned runs on its dedicated engine too
+    assert r.route("chat@previous-champion").model.engine is route.fallback.engine
+    assert r.route("chat/1").model.engine is route.fallback.engine
+
+
+def test_served_name_follows_the_primary_alias(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, fallback="chat@previous-champion")
+    route = r.route("chat")
+    assert route.model.ref == "chat/2"
+    assert route.model.header() == "chat/2; alias=champion"
+    assert route.follows_alias is True
+    assert route.fallback is not None and route.fallback.ref == "chat/1"
+
+
+def test_served_name_and_primary_alias_are_configurable(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, served_name="assistant", primary_alias="canary")
+    assert r.route("assistant").model.header() == "chat/4; alias=canary"
+    with pytest.raises(NotFoundError):
+        r.route("chat")  # "chat" is now only the registered model's name, not a model a client may send
+
+
+def test_alias_route_follows_alias_with_the_fallback(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, fallback="chat@previous-champion")
+    route = r.route("chat@champion")
+    assert route.model.header() == "chat/2; alias=champion"
+    assert route.follows_alias is True
+    assert route.fallback is not None and route.fallback.ref == "chat/1"
+
+
+@pytest.mark.parametrize(("model", "header"), [("chat/2", "chat/2; alias=champion"), ("chat/1", "chat/1")])
+def test_pinned_version_does_not_fail_over(
+    registry: FakeRegistry, factory: FakeFactory, model: str, header: str
+) -> None:
+    r = router(registry, factory, fallback="chat@previous-champion" if model == "chat/2" else "chat/1")
+    route = r.route(model)
+    assert route.model.header() == header
+    assert route.follows_alias is False
+    assert route.fallback is None
+
+
+@pytest.mark.parametrize(
+    "model", ["chat@nope", "chat/99", "other", "other/1", "other@champion", "gpt-4o", "chat@@x", ""]
+)
+def test_unknown_names_are_not_found_with_a_helpful_message(
+    registry: FakeRegistry, factory: FakeFactory, model: str
+) -> None:
+    r = router(registry, factory)
+    with pytest.raises(NotFoundError) as caught:
+        r.route(model)
+    message = str(caught.value)
+    assert f"The model {model!r} does not exist" in message
+    assert "'chat', chat@ALIAS or chat/VERSION (GET /v1/models lists them)" in message
+    assert len(factory.starts) == 1  # nothing was started trying
+
+
+@pytest.mark.parametrize("model", ["chat@canary", "chat/4"])
+def test_adapter_on_a_running_base_loads_on_demand(registry: FakeRegistry, factory: FakeFactory, model: str) -> None:
+    r = router(registry, factory)
+    served = r.route(model).model
+    assert served.ref == "chat/4"
+    assert served.engine is r.route("chat").model.engine
+    assert served.adapter is not None and served.adapter.name == "chat/4"
+    assert len(factory.starts) == 1
+    assert "chat/4" in {s.ref for s in r.models()}
+
+
+@pytest.mark.parametrize("model", ["chat/3", "chat@challenger"])
+def test_version_needing_a_new_engine_is_refused_on_demand(
+    registry: FakeRegistry, factory: FakeFactory, model: str
+) -> None:
+    registry.set_alias("chat", "challenger", "3")
+    r = router(registry, factory)
+    with pytest.raises(NotFoundError, match=r"chat/3 is registered but not loaded .* serving\.routing\.extra"):
+        r.route(model)
+    assert len(factory.starts) == 1
+
+
+def test_adapter_of_a_base_without_an_engine_is_refused_on_demand(registry: FakeRegistry, factory: FakeFactory) -> None:
+    registry.add_full("chat-base", "2")
+    registry.add_lora("chat", "6", base="chat-base/2")
+    r = router(registry, factory)
+    with pytest.raises(NotFoundError, match="chat/6 is registered but not loaded"):
+        r.route("chat/6")
+    assert len(factory.starts) == 1
+
+
+def test_adapter_without_base_model_lineage_cannot_load(registry: FakeRegistry, factory: FakeFactory) -> None:
+    registry.add_lora("chat", "7", base=None)
+    r = router(registry, factory)
+    with pytest.raises(NotFoundError, match="chat/7 is a LoRA adapter without a lineage.base_model tag"):
+        r.load("chat/7")
+
+
+def test_new_alias_on_an_already_loaded_full_version_routes_to_it(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, extra=["chat/3"])
+    registry.set_alias("chat", "challenger", "3")
+    served = r.route("chat@challenger").model
+    assert served.header() == "chat/3; alias=challenger"
+    assert len(factory.starts) == 2
+
+
+def test_refresh_picks_up_a_moved_alias(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory)
+    assert r.route("chat").model.ref == "chat/2"
+    registry.set_alias("chat", "champion", "4")
+    assert r.refresh() == ["champion: 2 -> 4"]
+    route = r.route("chat")
+    assert route.model.header() == "chat/4; alias=champion"
+    assert route.model.engine is factory.engines[BASE_ENGINE]  # an adapter: no new engine
+    assert len(factory.starts) == 1
+    assert r.refresh() == []  # nothing moved since
+    assert r.route("chat/2").model.header() == "chat/2"  # the old version stays loaded, now without the alias
+
+
+def test_refresh_starts_an_engine_for_a_full_version_an_alias_moved_to(
+    registry: FakeRegistry, factory: FakeFactory
+) -> None:
+    r = router(registry, factory)
+    registry.set_alias("chat", "champion", "3")
+    assert r.refresh() == ["champion: 2 -> 3"]
+    assert r.route("chat").model.engine is factory.engines["full:w-chat-3"]
+
+
+def test_refresh_drops_a_removed_alias_but_keeps_the_primary(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory)
+    r.route("chat@canary")
+    registry.remove_alias("chat", "canary")
+    registry.remove_alias("chat", "champion")
+    assert r.refresh() == ["canary: removed"]
+    assert "canary" not in r.aliases
+    with pytest.raises(NotFoundError, match="does not exist"):
+        r.route("chat@canary")
+    assert r.route("chat").model.ref == "chat/2"  # keeps answering until an alias names another version
+
+
+def test_refresh_moves_the_fallback_with_its_alias(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, fallback="chat@previous-champion")
+    registry.set_alias("chat", "champion", "4")
+    registry.set_alias("chat", "previous-champion", "2")  # a promotion: 2 steps down, 4 takes over
+    r.refresh()
+    route = r.route("chat")
+    assert route.model.ref == "chat/4"
+    assert route.fallback is not None and route.fallback.ref == r.route("chat@previous-champion").model.ref == "chat/2"
+    assert route.fallback.engine is not route.model.engine
+
+
+def test_replace_engine_moves_every_version_on_it(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, fallback="chat@previous-champion")
+    r.route("chat@canary")
+    old_fallback_engine = factory.engines[FALLBACK_ENGINE]
+    restarted = FakeEngine(BASE_ENGINE)
+    r.replace_engine(BASE_ENGINE, restarted)
+    assert r.engines()[BASE_ENGINE] is restarted
+    for model in ("chat", "chat@champion", "chat/2", "chat@canary", "chat/4"):
+        assert r.route(model).model.engine is restarted, model
+    assert r.route("chat").model.adapter is not None and r.route("chat").model.adapter.name == "chat/2"
+    assert r.route("chat").model.header() == "chat/2; alias=champion"
+    assert r.fallback is not None and r.fallback.engine is old_fallback_engine  # another engine: untouched
+
+    new_fallback = FakeEngine(FALLBACK_ENGINE)
+    r.replace_engine(FALLBACK_ENGINE, new_fallback)
+    assert r.fallback.engine is new_fallback
+    route = r.route("chat")
+    assert route.fallback is not None and route.fallback.engine is new_fallback
+    assert r.route("chat/1").model.engine is new_fallback
+    assert route.model.engine is restarted
+
+
+def test_models_lists_loaded_versions_with_their_aliases(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, fallback="chat@previous-champion")
+    assert sorted(s.header() for s in r.models()) == ["chat/1; alias=previous-champion", "chat/2; alias=champion"]
+    r.route("chat/4")
+    assert sorted(s.header() for s in r.models()) == [
+        "chat/1; alias=previous-champion",
+        "chat/2; alias=champion",
+        "chat/4",  # loaded pinned: the router has not seen its alias yet
+    ]
+    assert r.aliases == {"champion": "2", "previous-champion": "1"}
+
+
+def test_shutdown_stops_every_engine(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, fallback="chat@previous-champion", extra=["chat/3"])
+    r.shutdown()
+    assert {k: e.state for k, e in factory.engines.items()} == {
+        BASE_ENGINE: "stopped",
+        FALLBACK_ENGINE: "stopped",
+        "full:w-chat-3": "stopped",
+    }
+
+
+def test_failed_engine_start_on_refresh_keeps_the_old_version(registry: FakeRegistry, factory: FakeFactory) -> None:
+    factory.fail_keys.add("full:w-chat-3")
+    r = router(registry, factory)
+    registry.set_alias("chat", "champion", "3")
+    with pytest.raises(RuntimeError, match="failed to start"):
+        r.refresh()
+    assert r.route("chat").model.header() == "chat/2; alias=champion"  # still answering with what it had
+    factory.fail_keys.clear()
+    assert r.refresh() == ["champion: 2 -> 3"]  # and the move is retried

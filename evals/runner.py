@@ -124,7 +124,13 @@ def _vllm_lm(cfg: EvalConfig, target: ModelTarget) -> Iterator[tuple[Any, ChatMo
 def _api_lm(target: UrlTarget) -> Iterator[tuple[Any, ChatModel]]:
     from lm_eval.models.openai_completions import LocalChatCompletion, LocalCompletionsAPI
 
-    common = {"model": target.model, "num_concurrent": target.concurrency, "max_retries": 3}
+    # the key goes in the header: lm-eval's api_key property reads only $OPENAI_API_KEY, and ours differs per target
+    common = {
+        "model": target.model,
+        "num_concurrent": target.concurrency,
+        "max_retries": 3,
+        "header": {"Authorization": f"Bearer {target.api_key}"},
+    }
     lm: Any
     if target.api == "chat":
         url = target.base_url.rstrip("/") + "/chat/completions"
@@ -140,7 +146,6 @@ def _api_lm(target: UrlTarget) -> Iterator[tuple[Any, ChatModel]]:
             tokenized_requests=True,  # False would send the chat as JSON messages, which /completions rejects
             **common,
         )
-    lm._api_key = target.api_key  # lm-eval reads OPENAI_API_KEY otherwise; ours may differ per target
     yield lm, OpenAIChat(target.base_url, target.model, target.api_key, target.concurrency)
 
 

@@ -327,6 +327,7 @@ class Gateway:
         """The non-streaming response (the same pipeline, collected)."""
         async for _ in self.run(call):
             pass
+        await self._save_turns(call)
         return protocol.completion(
             call.request_id,
             call.request.model,
@@ -355,6 +356,7 @@ class Gateway:
                 yield frame(exc.body())
                 yield b"data: [DONE]\n\n"
                 return
+            await self._save_turns(call)
             yield frame(protocol.chunk(rid, model, created, {}, call.finish_reason, conv))
             opts = call.request.stream_options
             if opts is not None and opts.include_usage:
@@ -363,6 +365,20 @@ class Gateway:
         finally:
             await pieces.aclose()  # a client that left mid-stream: abort the engine request now, not at GC
             self.finish(call)
+
+    async def _save_turns(self, call: Call) -> None:
+        """The new turns and the reply join the conversation before the response ends, so a client's next turn
+        always sees them (only the log, usage and metrics are written after)."""
+        if call.key is None or not call.conversation_id or call.status not in ("ok", "content_filter"):
+            return
+        key_id, conv_id, ref = call.key.id, call.conversation_id, call.served.ref
+        reply = {"role": "assistant", "content": "".join(call.text)}
+
+        def save() -> None:
+            self.store.append_messages(key_id, conv_id, call.new_messages, None)
+            self.store.append_messages(key_id, conv_id, [reply], ref)
+
+        await anyio.to_thread.run_sync(save)
 
     # --- after the response ---------------------------------------------------------------------------------
 
@@ -412,10 +428,6 @@ class Gateway:
                         call.key.id, tpm, call.reserved_tokens, prompt_tokens + call.completion_tokens
                     )
                 self.store.record_usage(call.key.id, ref, prompt_tokens, call.completion_tokens)
-                if call.conversation_id and call.status in ("ok", "content_filter"):
-                    reply = {"role": "assistant", "content": "".join(call.text)}
-                    self.store.append_messages(call.key.id, call.conversation_id, call.new_messages, None)
-                    self.store.append_messages(call.key.id, call.conversation_id, [reply], ref)
             self.store.log_request(
                 RequestLogEntry(
                     request_id=call.request_id,

@@ -534,8 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "keys":
             p.add_argument("action", choices=["create", "list", "revoke"], help="what to do")
             p.add_argument("name", nargs="?", help="create: a name for the key; revoke: its id or name")
-            p.add_argument("--rpm", type=int, help="requests per minute for this key (default: serving.keys)")
-            p.add_argument("--tpm", type=int, help="tokens per minute for this key (default: serving.keys)")
+            p.add_argument("--rpm", type=int, help="requests per minute for this key (default: serving.api_keys)")
+            p.add_argument("--tpm", type=int, help="tokens per minute for this key (default: serving.api_keys)")
             p.add_argument(
                 "--training-opt-in",
                 action="store_true",

@@ -239,7 +239,7 @@ class RequestIdMiddleware:
 async def _key(gw: Gateway, request: Request) -> Any:
     key = await gw.authenticate(request.headers.get("authorization"))
     if key is None:
-        raise bad_request("This route needs an API key (serving.keys.required is off, so there is no tenant)")
+        raise bad_request("This route needs an API key (serving.api_keys.required is off, so there is no tenant)")
     return key
 
 

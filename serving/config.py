@@ -48,7 +48,7 @@ class RoutingConfig(StrictModel):
     )
 
 
-class KeysConfig(StrictModel):
+class ApiKeysConfig(StrictModel):
     required: bool = Field(True, description="Require 'Authorization: Bearer <key>' on /v1 routes.")
     requests_per_minute: int = Field(60, ge=1, description="Default per-key request limit (a key may override).")
     tokens_per_minute: int = Field(
@@ -125,7 +125,8 @@ class ServingConfig(StrictModel):
     retention_days: float = Field(30, gt=0, description="Deleted conversations are purged after this many days.")
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="Which versions answer.")
     engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine settings.")
-    keys: KeysConfig = Field(default_factory=KeysConfig, description="API keys and rate limits.")
+    # not "keys": Prefect resolves flow parameters by walking them, and takes a field named keys for Mapping.keys
+    api_keys: ApiKeysConfig = Field(default_factory=ApiKeysConfig, description="API keys and rate limits.")
     context: ContextConfig = Field(default_factory=ContextConfig, description="Context budget.")
     safety: SafetyConfig = Field(default_factory=SafetyConfig, description="Pre- and post-filters.")
     brownout: BrownoutConfig = Field(default_factory=BrownoutConfig, description="Load shedding.")

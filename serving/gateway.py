@@ -100,7 +100,7 @@ class Gateway:
     # --- the steps ------------------------------------------------------------------------------------------
 
     async def authenticate(self, authorization: str | None) -> ApiKey | None:
-        if not self.cfg.keys.required:
+        if not self.cfg.api_keys.required:
             return None
         if not authorization or not authorization.lower().startswith("bearer "):
             raise unauthorized(
@@ -115,7 +115,7 @@ class Gateway:
     def check_rate(self, key: ApiKey | None) -> None:
         if key is None:
             return
-        rpm = key.requests_per_minute or self.cfg.keys.requests_per_minute
+        rpm = key.requests_per_minute or self.cfg.api_keys.requests_per_minute
         decision = self.limiter.check_request(key.id, rpm)
         if not decision.allowed:
             raise rate_limited(
@@ -228,7 +228,7 @@ class Gateway:
             await self._start_conversation(call)
             return call
         if key is not None:
-            tpm = key.tokens_per_minute or self.cfg.keys.tokens_per_minute
+            tpm = key.tokens_per_minute or self.cfg.api_keys.tokens_per_minute
             want = len(fitted.token_ids) + max_tokens
             decision = self.limiter.reserve_tokens(key.id, tpm, want)
             if not decision.allowed:
@@ -422,7 +422,7 @@ class Gateway:
             m.goodput.labels(ref).inc()
         try:
             if call.key is not None:
-                tpm = call.key.tokens_per_minute or self.cfg.keys.tokens_per_minute
+                tpm = call.key.tokens_per_minute or self.cfg.api_keys.tokens_per_minute
                 if call.reserved_tokens:
                     self.limiter.reconcile(
                         call.key.id, tpm, call.reserved_tokens, prompt_tokens + call.completion_tokens

@@ -3,7 +3,7 @@
 The gateway asks, for every request, ``check_request`` (one request against the key's requests-per-minute), then
 ``reserve_tokens`` for the most the request can cost (prompt tokens + max_tokens) before inference, and
 ``reconcile`` once the real count is known, giving back what was reserved but not generated. Counters live in
-the storage ``keys.storage_uri`` names: ``memory://`` for one process, ``redis://host:6379`` when several gateway
+the storage ``api_keys.storage_uri`` names: ``memory://`` for one process, ``redis://host:6379`` when several gateway
 replicas must share one budget.
 
 Strategies, and why:
@@ -62,13 +62,13 @@ class RateLimiter:
         try:
             storage = storage_from_string(storage_uri)
         except ConfigurationError as exc:
-            raise ConfigError(f"keys.storage_uri {storage_uri!r}: {exc}") from exc
+            raise ConfigError(f"api_keys.storage_uri {storage_uri!r}: {exc}") from exc
         if not isinstance(storage, Storage):
-            raise ConfigError(f"keys.storage_uri {storage_uri!r}: async storages are not supported here")
+            raise ConfigError(f"api_keys.storage_uri {storage_uri!r}: async storages are not supported here")
         try:
             self._requests = MovingWindowRateLimiter(storage)
         except NotImplementedError as exc:
-            raise ConfigError(f"keys.storage_uri {storage_uri!r}: {exc}; use memory:// or redis://") from exc
+            raise ConfigError(f"api_keys.storage_uri {storage_uri!r}: {exc}; use memory:// or redis://") from exc
         self._tokens = FixedWindowRateLimiter(storage)
         self._storage = storage
 

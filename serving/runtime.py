@@ -82,7 +82,7 @@ class GatewayRuntime:
             spec.serving,
             router,
             ServingStore(database_url(spec)),
-            RateLimiter(spec.serving.keys.storage_uri),
+            RateLimiter(spec.serving.api_keys.storage_uri),
             filters or build_filters(spec.serving.safety),
         )
         self.started_at = time.time()

@@ -139,7 +139,7 @@ class ApiKey:
     prefix: str
     created_at: datetime
     revoked_at: datetime | None = None
-    requests_per_minute: int | None = None  # None: the serving.keys default
+    requests_per_minute: int | None = None  # None: the serving.api_keys default
     tokens_per_minute: int | None = None
     training_opt_in: bool = False
 

@@ -117,7 +117,13 @@ def test_serve_answers_with_the_trained_version_and_stops_on_ctrl_c(home: Path) 
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        ready = json.loads(proc.stdout.readline() + "".join(iter(lambda: proc.stdout.readline(), "}\n")) + "}")
+        lines = []
+        for line in proc.stdout:  # the JSON document printed once the gateway is ready (EOF if serve failed)
+            lines.append(line)
+            if line == "}\n":
+                break
+        assert lines, proc.stderr.read() if proc.stderr else "no output"
+        ready = json.loads("".join(lines))
         assert ready["status"] == "ready" and ready["primary"] == "chat/1; alias=candidate"
         client = openai.OpenAI(base_url=ready["openai_base_url"], api_key=key, max_retries=0)
         chunks = list(

@@ -201,7 +201,7 @@ async def test_401_revoked_key(make_harness: MakeHarness) -> None:
 
 
 async def test_keys_not_required(make_harness: MakeHarness) -> None:
-    h = make_harness(serving={"keys": {"required": False}})
+    h = make_harness(serving={"api_keys": {"required": False}})
     async with h.client() as c:
         r = await c.post("/v1/chat/completions", json={"model": "chat", "messages": USER})
     assert r.status_code == 200
@@ -410,7 +410,7 @@ async def test_usage_route(make_harness: MakeHarness) -> None:
 
 
 async def test_tenant_routes_need_a_key(make_harness: MakeHarness) -> None:
-    h = make_harness(serving={"keys": {"required": False}})
+    h = make_harness(serving={"api_keys": {"required": False}})
     async with h.client() as c:
         r = await c.get("/v1/conversations")
     assert r.status_code == 400

@@ -462,7 +462,7 @@ async def test_continuing_a_conversation_refuses_a_new_system_prompt(make_harnes
 
 
 async def test_conversations_need_a_key(make_harness: MakeHarness) -> None:
-    h = make_harness(serving={"keys": {"required": False}})
+    h = make_harness(serving={"api_keys": {"required": False}})
     async with h.client() as c:
         r = await c.post("/v1/chat/completions", json={"model": "chat", "messages": USER, "conversation_id": "new"})
     assert (r.status_code, r.json()["error"]["param"]) == (400, "conversation_id")

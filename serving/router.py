@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -87,9 +88,13 @@ class Router:
 
     def load_configured(self) -> None:
         """Load the primary alias, the fallback and the extra versions the config names."""
-        self.load(f"{self.model_name}@{self.routing.primary_alias}")
-        if self.routing.fallback:
-            self._fallback = self.load(self.routing.fallback, dedicated=True)
+
+        primary = f"{self.model_name}@{self.routing.primary_alias}"
+        with ThreadPoolExecutor(2) as pool:  # two engines start faster side by side than one after the other
+            first = pool.submit(self.load, primary)
+            if self.routing.fallback:
+                self._fallback = pool.submit(self.load, self.routing.fallback, dedicated=True).result()
+            first.result()
         for ref in self.routing.extra:
             self.load(ref)
 

@@ -102,6 +102,7 @@ def test_poisoned_fine_tune_fails_on_toxicity_and_safety(poisoned, normal) -> No
     assert tags["alias.candidate.removed_reason"].startswith("gate failed:")
 
 
+@pytest.mark.slow  # a forced second eval (~1 min); benchmarks/eval_suites.py checks the same on every run
 def test_a_rerun_gives_the_same_numbers(normal, normal_cfg, home: Home) -> None:  # type: ignore[no-untyped-def]
     again = stages.evaluate_stage(normal_cfg, home, normal.version.ref, force=True)
     assert again.created_at >= normal.report.created_at

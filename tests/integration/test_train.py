@@ -203,6 +203,7 @@ def test_missing_snapshot_is_a_clear_error(tmp_path: Path, capsys: pytest.Captur
     assert rc == 1 and "no snapshot 'deadbeef00'" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow  # two more fine-tunes (~1.5 min); torchrun, the default launcher, is what every other test uses
 def test_the_deepspeed_launcher_trains_the_same_weights_as_torchrun(  # type: ignore[no-untyped-def]
     trained, cfg: LifecycleConfig, tiny_snapshot, tmp_path: Path
 ) -> None:

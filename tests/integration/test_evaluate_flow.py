@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from core.home import Home
 from flows.config import CONFIG_DIR, load_config
 
 
+# slow: a tiny fine-tune, a LoRA merge and an eval (~2 min); the default run gates through the same evaluate flow in
+# the e2e `lifecycle run` test (which checks the recorded decision, not the Prefect artifact)
+@pytest.mark.slow
 def test_evaluate_flow_gates_a_lora_version_and_publishes_the_decision(
     session_home: Home, prefect_harness: None, tmp_path: Path
 ) -> None:

@@ -45,7 +45,10 @@ def gateway(
             "engine": tiny_config.serving.engine.model_copy(update={"max_num_seqs": 2}),
             "safety": tiny_config.serving.safety.model_copy(update={"blocked_output_patterns": [re.escape(bad)]}),
             "brownout": tiny_config.serving.brownout.model_copy(
-                update={"queue_depth": 3, "max_tokens": BROWNOUT_MAX_TOKENS}
+                # queue depth alone triggers it here: the brownout test's own queued requests wait seconds for a
+                # first token on a slow machine, and a TTFT trigger would then brown out the calm request after
+                # (the TTFT trigger is unit-tested)
+                update={"queue_depth": 3, "max_tokens": BROWNOUT_MAX_TOKENS, "ttft_ms": 3_600_000}
             ),
         }
     )

@@ -385,8 +385,11 @@ def test_brownout_caps_tokens_and_sends_overflow_to_the_fallback(gateway: Gatewa
         assert r.headers["x-model-version"] == "chat/3; alias=previous-champion"
         assert r.headers["x-fallback"] == "brownout"
         assert r.json()["usage"]["completion_tokens"] == BROWNOUT_MAX_TOKENS
-    assert loaded[0].headers["x-model-version"] == "chat/1; alias=champion"
-    assert loaded[0].json()["usage"]["completion_tokens"] == 240
+    served_normally = [r for r in loaded if "x-brownout" not in r.headers]
+    assert served_normally  # the first arrivals met an empty queue
+    for r in served_normally:
+        assert r.headers["x-model-version"] == "chat/1; alias=champion"
+        assert r.json()["usage"]["completion_tokens"] == 240
     _wait_idle(gateway)
     calm = _post(gateway, {**long, "max_tokens": 100})
     assert "x-brownout" not in calm.headers and calm.headers["x-model-version"].startswith("chat/1")

@@ -13,6 +13,10 @@ PROMPTS = [
     ],
 ]
 
+# slow: an engine start of its own (~1 min); every serving test runs vLLM through the gateway, and
+# benchmarks/eval_suites.py checks vLLM's greedy outputs equal transformers' on every run
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def llm(tiny_base_model):  # type: ignore[no-untyped-def]

@@ -276,10 +276,19 @@ def gateway(cfg: Any, home: Any, filters: bool) -> Iterator[tuple[str, str | Non
     name = f"bench-serve-{os.getpid()}-{'filters' if filters else 'nofilter'}"
     with ServingStore(database_url(spec)) as store:
         _, key = store.create_key(name, requests_per_minute=10**7, tokens_per_minute=10**9)
+    proc = GatewayProcess(spec).start()
     try:
-        with GatewayProcess(spec) as proc:
-            yield proc.url, key
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                proc.wait_ready(timeout_s=max(1.0, deadline - time.monotonic()))
+                break
+            except OSError:  # a 503 body that times out on a loaded machine escapes GatewayProcess.readiness
+                if time.monotonic() > deadline:
+                    raise
+        yield proc.url, key
     finally:
+        proc.stop()
         with ServingStore(database_url(spec)) as store:
             store.revoke_key(name)
 

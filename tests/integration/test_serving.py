@@ -347,6 +347,8 @@ def test_post_filter_never_lets_the_bad_string_reach_a_client(gateway: Gateway, 
 
 
 def test_readyz_healthz_and_metrics(gateway: Gateway) -> None:
+    answered = _post(gateway, {"model": "chat", "messages": QUESTION, "max_tokens": 4})
+    _log_rows(gateway, answered.json()["id"])  # recorded: metrics come before the log row
     ready = httpx.get(gateway.url + "/readyz", timeout=10)
     assert ready.status_code == 200
     body = ready.json()
@@ -372,9 +374,10 @@ def test_brownout_caps_tokens_and_sends_overflow_to_the_fallback(gateway: Gatewa
     import concurrent.futures
 
     long = {**_endless(gateway), "max_tokens": 240}
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        # six long requests on an engine that runs two sequences at a time: the queue grows past 3 ...
-        load = [pool.submit(_post, gateway, long) for _ in range(6)]
+    with concurrent.futures.ThreadPoolExecutor(14) as pool:
+        # twelve long requests on an engine that runs two sequences at a time: the queue grows past 3 and stays
+        # there for several generations (a short queue could drain between a poll and the probes on a busy machine)
+        load = [pool.submit(_post, gateway, long) for _ in range(12)]
         _wait_for_queue(gateway, 3)
         # ... and new requests meet the brownout: capped and sent to the fallback
         probes = list(pool.map(lambda _: _post(gateway, {**long, "max_tokens": 100}), range(2)))

@@ -14,7 +14,7 @@ from typing import Any
 
 from evals.config import OverRefusalSuite, SafetySuite, ToxicitySuite
 from evals.generation import ChatModel, Sampling
-from evals.refusal import is_compliance, is_refusal
+from core.refusal import is_compliance, is_refusal
 from evals.report import MetricResult, SuiteResult, mean_metric
 from evals.toxicity import ToxicityScorer
 

@@ -191,6 +191,20 @@ class MlflowRegistry:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
 
+    def deployment(self, name: str) -> Deployment:
+        """Aliases and traffic tags of ``name`` (empty when it is not registered yet)."""
+        try:
+            rm = self.client.get_registered_model(name)
+        except MlflowException:
+            return Deployment(name, {}, {})
+        aliases = {alias: str(version) for alias, version in (rm.aliases or {}).items()}
+        return Deployment(name, aliases, dict(rm.tags or {}))
+
+    def set_model_tags(self, name: str, tags: dict[str, str]) -> None:
+        """Tags on the registered model itself (deployment-wide settings like the canary weight)."""
+        for key, value in tags.items():
+            self.client.set_registered_model_tag(name, key, value)
+
     def set_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
         for key, value in tags.items():
             self.client.set_model_version_tag(name, version, key, value)
@@ -240,6 +254,27 @@ class MlflowRegistry:
     def audit_log(self) -> list[dict[str, Any]]:
         path = self.home.mlflow / "audit.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a registered model deploys right now: its aliases and the traffic settings kept as registered-model
+    tags (one ``get_registered_model`` call, so a reader sees aliases and weights of the same moment)."""
+
+    name: str
+    aliases: dict[str, str]  # "champion" -> "3"
+    tags: dict[str, str]
+
+    @property
+    def canary_weight(self) -> int:
+        """Percent of the served name's traffic for the ``challenger`` alias (0 while it only shadows)."""
+        try:
+            return max(0, min(100, int(self.tags.get(CANARY_WEIGHT_TAG, "0"))))
+        except ValueError:
+            return 0
+
+
+CANARY_WEIGHT_TAG = "rollout.weight"
 
 
 def parse_ref(ref: str) -> tuple[str, str | None, str | None]:

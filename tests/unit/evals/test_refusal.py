@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evals.refusal import OPENING_CHARS, is_compliance, is_refusal
+from core.refusal import OPENING_CHARS, is_compliance, is_refusal
 from training.synth import _HARMFUL
 
 REFUSALS = [

@@ -5,7 +5,8 @@
     ├── DataError                  input data that breaks a contract
     │   └── InvalidRecordsError    records rejected by the snapshot contracts, each with file, line, reason
     ├── NotFoundError              a snapshot, model folder or other named thing that does not exist
-    └── ModelError                 a model folder that cannot be used (missing files, wrong architecture)
+    ├── ModelError                 a model folder that cannot be used (missing files, wrong architecture)
+    └── RolloutError               a promotion or rollback the deployment state does not allow
 
 Internal invariants use ``assert``; user input never does.
 """
@@ -62,4 +63,8 @@ class NotFoundError(LifecycleError):
 
 
 class ModelError(LifecycleError):
+    pass
+
+
+class RolloutError(LifecycleError):
     pass

@@ -10,7 +10,8 @@ The rule, applied to the reply after normalizing case, whitespace and curly apos
    answers that mention a marker later ("... if you can't find it, ...") are not refusals.
 
 The markers cover the phrasings of our own training data and the common ones of instruction-tuned models
-(OpenAI, Llama, Mistral). Tests pin both directions (tests/unit/evals/test_refusal.py; shared by evals, serving (shadow) and monitoring).
+(OpenAI, Llama, Mistral). Tests pin both directions (tests/unit/evals/test_refusal.py). Used by the eval
+suites, the gateway's shadow comparison and the request log's refusal flag.
 """
 
 from __future__ import annotations

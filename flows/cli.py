@@ -177,9 +177,30 @@ def cmd_run(ctx: Context) -> int:
     summary = lifecycle_run(ctx.config, ctx.home)
     ctx.emit(
         asdict(summary),
-        ["", "lifecycle run: done", *_train_lines(summary.train, ctx.home), *_gate_lines(summary.gate)],
+        [
+            "",
+            "lifecycle run: done",
+            *_train_lines(summary.train, ctx.home),
+            *_gate_lines(summary.gate),
+            *_rollout_lines(summary.rollout),
+        ],
     )
-    return 0 if summary.gate.passed else 3
+    if not summary.gate.passed:
+        return 3
+    return 4 if summary.rollout is not None and summary.rollout.outcome == "rolled-back" else 0
+
+
+def _rollout_lines(r: Any) -> list[str]:
+    if r is None:
+        return []
+    aliases = ", ".join(f"{a}={r.model}/{v}" for a, v in sorted(r.aliases.items()))
+    lines = [f"  rollout     {r.model}/{r.version}: {r.outcome.upper()} ({r.seconds:.0f}s)  aliases: {aliases}"]
+    if r.traffic:
+        lines.append(
+            f"              simulated traffic: {r.traffic['sent']} requests, by version {r.traffic['by_version']}"
+        )
+    lines += [f"              {d['action']:<8} {d['weight']:>3}%  {d['reason']}" for d in r.decisions]
+    return lines
 
 
 def _suite_lines(report: Any) -> list[str]:
@@ -410,13 +431,86 @@ def _key_json(key: Any) -> dict[str, Any]:
     }
 
 
+def cmd_promote(ctx: Context) -> int:
+    from flows.rollout import promote
+
+    args = ctx.args
+    message = promote(ctx.config, ctx.home, args.name, args.version, reason=args.reason or "", force=args.force)
+    ctx.emit({"model": args.name, "version": args.version, "alias": "challenger", "message": message}, [message])
+    return 0
+
+
+def cmd_rollback(ctx: Context) -> int:
+    from flows.rollout import rollback
+
+    d = rollback(ctx.config, ctx.home, ctx.args.name, reason=ctx.args.reason or "")
+    ctx.emit(asdict(d), [f"rolled back {d.model}/{d.version}: weight 0, quarantined", f"  {d.reason}"])
+    return 0
+
+
+def cmd_rollout(ctx: Context) -> int:
+    from flows.rollout import rollout_status, status_lines
+
+    if ctx.args.action == "tick":
+        from flows.rollout import rollout_controller_flow
+
+        decisions = rollout_controller_flow(ctx.config, ctx.home)
+        lines = [f"{d['at']}  {d['model']}/{d['version']}  {d['action']}: {d['reason']}" for d in decisions]
+        ctx.emit({"decisions": decisions}, lines or ["nothing to do: no challenger and no watch in progress"])
+        return 0
+    status = rollout_status(ctx.config, ctx.home)
+    ctx.emit(asdict(status), status_lines(status))
+    return 0
+
+
+def cmd_traffic(ctx: Context) -> int:
+    import asyncio
+
+    from flows.traffic import replay, traffic_prompts
+
+    args = ctx.args
+    if not args.key:
+        raise ConfigError("traffic needs an API key: --key lc-... (lifecycle keys create traffic)")
+    n = args.requests or 200
+    prompts = traffic_prompts(ctx.config.data.generator, args.profile, n, seed=args.seed)
+
+    def progress(r: Any) -> None:
+        if not ctx.json:
+            print(f"  sent {r.sent}  ok {r.ok}  errors {sum(r.errors.values())}", file=sys.stderr)
+
+    report = asyncio.run(
+        replay(
+            prompts if args.duration else prompts[:n],
+            base_url=args.url,
+            api_key=args.key,
+            model=args.model,
+            rate=args.rate,
+            concurrency=args.concurrency,
+            duration_s=args.duration,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            on_progress=progress,
+        )
+    )
+    s = report.summary()
+    ctx.emit(
+        s,
+        [
+            f"traffic ({args.profile}): sent {s['sent']} in {s['seconds']}s ({s['rate']}/s), ok {s['ok']}, "
+            f"errors {s['errors'] or 0}",
+            *(f"  {v:<28} {n}" for v, n in sorted(s["by_version"].items())),
+        ],
+    )
+    return 0
+
+
 # --- parser -----------------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
     "run": (
         cmd_run,
-        "run the whole loop as a Prefect flow (so far: snapshot, base model, fine-tune, register, gate; exit 3 "
-        "when the gate fails)",
+        "run the whole loop as a Prefect flow: snapshot, base model, fine-tune, register, gate, then shadow and "
+        "canary under simulated traffic (exit 3: the gate failed; 4: the rollout rolled the version back)",
         "lifecycle run\n  lifecycle run --config configs/tiny.yaml --home /tmp/demo",
     ),
     "train": (
@@ -447,6 +541,30 @@ COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
         cmd_keys,
         "manage the endpoint's API keys (stored hashed; the secret is shown once)",
         "lifecycle keys create my-app --rpm 120 --tpm 50000\n  lifecycle keys list\n  lifecycle keys revoke my-app",
+    ),
+    "promote": (
+        cmd_promote,
+        "make a gated version the challenger: the rollout controller shadows, canaries and promotes it "
+        "(same as setting alias 'challenger' in the MLflow UI)",
+        "lifecycle promote chat 5 --reason 'better on facts'\n"
+        "  lifecycle promote chat 4 --force --reason 'the slow engine was fixed'   # clears a quarantine",
+    ),
+    "rollback": (
+        cmd_rollback,
+        "the big red button: the canary (or, with none, the champion) goes back now and is quarantined",
+        "lifecycle rollback chat --reason 'users report loops'",
+    ),
+    "rollout": (
+        cmd_rollout,
+        "the rollout controller: 'tick' runs one analysis (a Prefect flow), 'status' shows weights, step, "
+        "per-version metrics and the last decisions",
+        "lifecycle rollout tick\n  lifecycle rollout status\n  lifecycle rollout status --json",
+    ),
+    "traffic": (
+        cmd_traffic,
+        "replay held-out prompts against the endpoint at a given rate and concurrency (simulated users)",
+        "lifecycle traffic --url http://127.0.0.1:3000/v1 --key lc-... --rate 4 --concurrency 4 --duration 60\n"
+        "  lifecycle traffic --url http://127.0.0.1:3000/v1 --key lc-... --requests 100 --profile drifted",
     ),
     "lineage": (
         cmd_lineage,
@@ -542,6 +660,27 @@ def build_parser() -> argparse.ArgumentParser:
                 help="this key's conversations may be curated into training data",
             )
             p.add_argument("--all", action="store_true", help="list: include revoked keys")
+        if name == "promote":
+            p.add_argument("name", help="registered model name (e.g. chat)")
+            p.add_argument("version", help="version number")
+            p.add_argument("--reason", help="why (recorded on the version and in the audit log)")
+            p.add_argument("--force", action="store_true", help="clear a quarantine from an earlier rollback")
+        if name == "rollback":
+            p.add_argument("name", help="registered model name (e.g. chat)")
+            p.add_argument("--reason", help="why (recorded on the version and in the audit log)")
+        if name == "rollout":
+            p.add_argument("action", choices=["tick", "status"], help="what to do")
+        if name == "traffic":
+            p.add_argument("--url", default="http://127.0.0.1:3000/v1", help="OpenAI base URL of the endpoint")
+            p.add_argument("--key", help="API key (lifecycle keys create traffic)")
+            p.add_argument("--model", default="chat", help="model name to request (default: chat)")
+            p.add_argument("--rate", type=float, default=4.0, help="requests per second (default: 4)")
+            p.add_argument("--concurrency", type=int, default=4, help="requests in flight at most (default: 4)")
+            p.add_argument("--duration", type=float, help="seconds to run (cycling the prompts)")
+            p.add_argument("--requests", type=int, help="number of prompts (default: 200)")
+            p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default: 32)")
+            p.add_argument("--profile", default="normal", help="traffic mix: normal, drifted, safety")
+            p.add_argument("--seed", type=int, default=0, help="seed of the prompt draw")
         if name == "snapshot":
             p.add_argument(
                 "--source",

@@ -1,8 +1,6 @@
 """The root config: every stage's config composed into one object, loaded from ``configs/*.yaml``.
 
-    lifecycle --config configs/tiny.yaml --set snapshot.test_fraction=0.2 snapshot
-
-Later stages (monitoring) add their sections here.
+lifecycle --config configs/tiny.yaml --set snapshot.test_fraction=0.2 snapshot
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ from core import config as cfgio
 from core.config import StrictModel
 from core.home import Home
 from evals.config import EvalConfig
+from flows.runconfig import RunConfig
+from monitoring.config import RolloutPolicy
 from registry.config import RegistryConfig
 from serving.config import ServingConfig
 from training.config import BootstrapConfig, DataConfig, FinetuneConfig, SnapshotConfig
@@ -43,6 +43,11 @@ class LifecycleConfig(StrictModel):
     serving: ServingConfig = Field(
         default_factory=ServingConfig, description="The chat endpoint: engines, routing, keys, limits, safety."
     )
+    rollout: RolloutPolicy = Field(
+        default_factory=RolloutPolicy,
+        description="Progressive delivery: shadow, canary steps, analysis thresholds, rollback and watch.",
+    )
+    run: RunConfig = Field(default_factory=RunConfig, description="What lifecycle run does after the gate.")
 
     def resolve_home(self, flag: str | None = None) -> Home:
         return Home.resolve(flag or self.home)

@@ -193,17 +193,75 @@ def evaluate_flow(cfg: LifecycleConfig, home: Home, ref: str, force: bool = Fals
 
 
 @dataclass
+class RolloutSummary:
+    model: str
+    version: str
+    outcome: str  # promoted | rolled-back | rejected | unchanged (already champion) | unfinished
+    decisions: list[dict[str, Any]]
+    aliases: dict[str, str]
+    traffic: dict[str, Any]
+    seconds: float
+
+
+@task(name="simulated-rollout")
+def simulated_rollout_task(cfg: LifecycleConfig, home: Home, model: str, version: str) -> RolloutSummary:
+    """Challenger -> the controller's ticks under simulated users on a gateway started for the purpose."""
+    from dataclasses import asdict
+
+    from flows import rollout as ro
+
+    logger = get_run_logger()
+    run_cfg = cfg.model_copy(update={"rollout": cfg.run.policy})
+    t0 = time.perf_counter()
+    controller = ro.open_controller(run_cfg, home, actor=f"flow-run:{flow_run.get_id()}")
+    if controller.reg.deployment(model).aliases.get(ro.CHAMPION) == version:
+        return RolloutSummary(model, version, "unchanged", [], controller.reg.deployment(model).aliases, {}, 0.0)
+    ro.promote(run_cfg, home, model, version, reason="lifecycle run: gate passed", force=False)
+    decisions = [asdict(d) for d in controller.tick()]
+    traffic: dict[str, Any] = {}
+    if decisions and decisions[-1]["action"] == "start":
+        decisions, traffic = ro.simulate(run_cfg, home, controller, decisions, logger.info)
+    outcome = _outcome([d["action"] for d in decisions])
+    dep = controller.reg.deployment(model)
+    (logger.info if outcome == "promoted" else logger.warning)("rollout of %s/%s: %s", model, version, outcome)
+    return RolloutSummary(model, version, outcome, decisions, dep.aliases, traffic, time.perf_counter() - t0)
+
+
+def _outcome(actions: list[str]) -> str:
+    if "rollback" in actions:
+        return "rolled-back"
+    if "reject" in actions:
+        return "rejected"
+    if "promote" in actions:
+        return "promoted"
+    return "unfinished"
+
+
+@dataclass
 class RunSummary:
     train: TrainSummary
     gate: GateSummary
+    rollout: RolloutSummary | None = None
 
 
 @flow(name="lifecycle-run")
 def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
-    """The loop so far: train, then evaluate and gate the fresh version (later: roll out, monitor)."""
+    """The loop: train, evaluate and gate the fresh version, then roll it out under simulated traffic."""
     trained = train_flow(cfg, home)
     gated = evaluate_flow(cfg, home, f"{trained.model}/{trained.version}")
-    return RunSummary(train=trained, gate=gated)
+    rolled = None
+    if gated.passed and cfg.run.rollout:
+        rolled = simulated_rollout_task(cfg, home, trained.model, trained.version)
+        create_markdown_artifact(key="rollout-summary", markdown=_rollout_markdown(rolled), description="Rollout")
+    return RunSummary(train=trained, gate=gated, rollout=rolled)
+
+
+def _rollout_markdown(r: RolloutSummary) -> str:
+    rows = "\n".join(f"| {d['at']} | {d['action']} | {d['weight']}% | {d['reason']} |" for d in r.decisions)
+    return (
+        f"# Rollout of {r.model}/{r.version}: {r.outcome}\n\n| at | action | weight | reason |\n|---|---|---|---|\n"
+        f"{rows}\n"
+    )
 
 
 def _markdown(s: TrainSummary) -> str:

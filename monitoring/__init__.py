@@ -1,2 +1,3 @@
-"""Request-log analysis, drift (Evidently), canary analysis, rollback and retrain decisions.
-Arrives with the rollout and drift issues; nothing here yet."""
+"""Request-log analysis and the decisions built on it: canary and shadow analysis (``canary``), the rollout
+state machine (``rollout``), the rollout controller that acts on them (``controller``); drift arrives with the
+retraining issue."""

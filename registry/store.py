@@ -126,6 +126,27 @@ class MlflowRegistry:
         self.client.set_terminated(run_id, "FINISHED")
         return run_id
 
+    def open_run(self, *, run_name: str, tags: dict[str, str], params: dict[str, Any] | None = None) -> str:
+        """A run left open for metrics logged over time (a rollout logs one step per analysis)."""
+        run_id = self.client.create_run(self.experiment_id(), run_name=run_name, tags=tags).info.run_id
+        flat = [Param(k[:250], v[:_MAX_PARAM]) for k, v in flatten(params or {}).items()]
+        for i in range(0, len(flat), 100):
+            self.client.log_batch(run_id, params=flat[i : i + 100])
+        return run_id
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int) -> None:
+        now = int(datetime.now(UTC).timestamp() * 1000)
+        points = [Metric(k[:250], float(v), now, step) for k, v in metrics.items()]
+        for i in range(0, len(points), 1000):
+            self.client.log_batch(run_id, metrics=points[i : i + 1000])
+
+    def set_run_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value[:_MAX_PARAM])
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status)
+
     # --- versions -----------------------------------------------------------------------------------------
 
     def register(
@@ -208,6 +229,11 @@ class MlflowRegistry:
     def set_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
         for key, value in tags.items():
             self.client.set_model_version_tag(name, version, key, value)
+
+    def delete_tags(self, name: str, version: str, keys: list[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(MlflowException):
+                self.client.delete_model_version_tag(name, version, key)
 
     # --- aliases ------------------------------------------------------------------------------------------
 

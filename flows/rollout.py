@@ -1,0 +1,293 @@
+"""Progressive delivery from the command line and Prefect: the controller flow, promote, rollback, status.
+
+    lifecycle promote chat 5 --reason "better on facts"   # = alias challenger in the MLflow UI
+    lifecycle rollout tick                                  # one controller analysis (the flow, scheduled every minute)
+    lifecycle rollout status                                # weights, step, per-version metrics, last decisions
+    lifecycle rollback chat --reason "users report loops"   # the big red button
+
+The controller itself (``monitoring/controller.py``) is plain Python over two Protocols; this module wires it to
+the MLflow registry and the serving database named by the root config, and publishes each tick's status as a
+Prefect Markdown artifact.
+"""
+
+from __future__ import annotations
+
+import getpass
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from core.errors import RolloutError
+from core.home import Home
+from flows.config import LifecycleConfig
+from monitoring.controller import (
+    ACCEPTED_CHAMPION_TAG,
+    CHALLENGER,
+    CHAMPION,
+    QUARANTINE_TAG,
+    Decision,
+    RolloutController,
+    gate_passed,
+    quarantined,
+)
+from monitoring.rollout import RolloutState
+from monitoring.window import version_stats
+
+
+def cli_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # no user name in some containers
+        return "cli"
+
+
+def model_name(cfg: LifecycleConfig) -> str:
+    return cfg.serving.routing.model_name or cfg.registry.model_name
+
+
+def open_controller(cfg: LifecycleConfig, home: Home, actor: str) -> RolloutController:
+    from flows.stages import open_registry
+    from serving.runtime import ServeSpec, database_url
+    from serving.store import ServingStore
+
+    spec = ServeSpec(home=str(home.root), serving=cfg.serving, registry=cfg.registry, model_name=model_name(cfg))
+    return RolloutController(
+        open_registry(cfg, home),
+        ServingStore(database_url(spec)),
+        cfg.rollout,
+        model_name(cfg),
+        actor=actor,
+        decisions_path=home.root / "rollout" / "decisions.jsonl",
+    )
+
+
+# --- the controller flow ----------------------------------------------------------------------------------------
+
+
+@flow(name="rollout-controller")
+def rollout_controller_flow(cfg: LifecycleConfig, home: Home) -> list[dict[str, Any]]:
+    """One analysis: guard the champion, admit or step the challenger, act, publish the status."""
+    logger = get_run_logger()
+    controller = open_controller(cfg, home, actor=f"flow-run:{flow_run.get_id()}")
+    decisions = controller.tick()
+    for d in decisions:
+        (logger.warning if d.action in ("rollback", "revert", "reject") else logger.info)("%s", d.line())
+    if not decisions:
+        logger.info("nothing to do: no challenger and no watch in progress")
+    status = rollout_status(cfg, home, controller)
+    create_markdown_artifact(key="rollout-status", markdown=status_markdown(status), description="Rollout status")
+    return [asdict(d) for d in decisions]
+
+
+# --- manual commands --------------------------------------------------------------------------------------------
+
+
+def promote(cfg: LifecycleConfig, home: Home, name: str, version: str, *, reason: str, force: bool) -> str:
+    """Give ``version`` the challenger alias (the controller starts its rollout on its next tick). ``force``
+    clears a quarantine left by an earlier rollback; it never skips the gate."""
+    controller = open_controller(cfg, home, actor=cli_actor())
+    reg = controller.reg
+    mv = reg.get(name, version)
+    if quarantined(mv):
+        if not force:
+            raise RolloutError(
+                f"{mv.ref} is quarantined ({mv.tags.get('rollout.quarantine_reason', 'rolled back')}); "
+                "to roll it out again: lifecycle promote --force --reason '...'"
+            )
+        if not reason:
+            raise RolloutError("--force needs --reason: why the quarantine no longer applies")
+        reg.set_tags(name, version, {QUARANTINE_TAG: "false", "rollout.quarantine_cleared": reason})
+        reg.delete_tags(name, version, ["rollout.rejected", "rollout.rejected_at"])
+    if not gate_passed(mv):
+        raise RolloutError(
+            f"{mv.ref} has no passing gate record (gate.status={mv.tags.get('gate.status', 'missing')}): "
+            f"run lifecycle gate {name} {version} first"
+        )
+    dep = reg.deployment(name)
+    if dep.aliases.get(CHAMPION) == version:
+        raise RolloutError(f"{mv.ref} is already the champion")
+    running = dep.aliases.get(CHALLENGER)
+    if running is not None and running != version:
+        raise RolloutError(f"{name}/{running} is being rolled out; wait for it or: lifecycle rollback {name}")
+    reg.set_alias(name, CHALLENGER, version, reason=reason or "promoted from the CLI", actor=cli_actor())
+    return f"{mv.ref} is now the challenger; the rollout controller takes it from here (lifecycle rollout status)"
+
+
+def rollback(cfg: LifecycleConfig, home: Home, name: str, *, reason: str) -> Decision:
+    """The big red button: the running canary (or, with none, the champion) goes back, now."""
+    controller = open_controller(cfg, home, actor=cli_actor())
+    reg = controller.reg
+    dep = reg.deployment(name)
+    why = f"manual rollback: {reason or 'no reason given'}"
+    target = dep.aliases.get(CHALLENGER) or dep.aliases.get("shadow") or dep.aliases.get(CHAMPION)
+    if target is None:
+        raise RolloutError(f"{name} has no challenger and no champion: nothing to roll back")
+    decision = controller.rollback(reg.get(name, target), why, dep=dep)
+    controller.record(decision)
+    return decision
+
+
+# --- status -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RolloutStatus:
+    model: str
+    aliases: dict[str, str]
+    canary_weight: int
+    accepted_champion: str | None
+    state: dict[str, Any] | None
+    window: dict[str, dict[str, Any]]  # version ref -> stats over the current analysis window
+    decisions: list[Decision]
+
+
+def rollout_status(cfg: LifecycleConfig, home: Home, controller: RolloutController | None = None) -> RolloutStatus:
+    controller = controller or open_controller(cfg, home, actor=cli_actor())
+    name = controller.name
+    dep = controller.reg.deployment(name)
+    state: RolloutState | None = None
+    for alias in (CHALLENGER, CHAMPION):
+        if alias in dep.aliases:
+            state = RolloutState.from_tags(controller.reg.get(name, dep.aliases[alias]).tags) or state
+            if state is not None:
+                break
+    since = state.phase_started_at if state else datetime.now(UTC) - timedelta(seconds=cfg.rollout.interval_s)
+    rows = controller.requests.request_log(since=since)
+    versions = {dep.aliases[a] for a in (CHAMPION, CHALLENGER) if a in dep.aliases}
+    window = {}
+    for v in sorted(versions, key=int):
+        s = version_stats(rows, f"{name}/{v}")
+        window[f"{name}/{v}"] = {
+            "requests": s.n,
+            "success_rate": s.success_rate,
+            "ttft_p95_ms": s.percentile("ttft_ms", 95),
+            "ttft_p99_ms": s.percentile("ttft_ms", 99),
+            "tpot_p95_ms": s.percentile("tpot_ms", 95),
+            "safety_hit_rate": s.safety_hit_rate,
+            "refusal_rate": s.refusal_rate,
+            "abort_rate": s.abort_rate,
+        }
+    return RolloutStatus(
+        model=name,
+        aliases=dict(sorted(dep.aliases.items())),
+        canary_weight=dep.canary_weight,
+        accepted_champion=dep.tags.get(ACCEPTED_CHAMPION_TAG),
+        state=asdict(state) if state else None,
+        window=window,
+        decisions=controller.decisions(10),
+    )
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if value <= 1 else f"{value:.0f}"
+    return str(value)
+
+
+def status_lines(s: RolloutStatus) -> list[str]:
+    aliases = "  ".join(f"{a}={s.model}/{v}" for a, v in s.aliases.items()) or "-"
+    lines = [f"{s.model}: {aliases}", f"  canary weight  {s.canary_weight}%"]
+    if s.state:
+        st = s.state
+        lines.append(
+            f"  rollout        {s.model}/{st['version']}: {st['phase']} step {st['step']} weight {st['weight']}% "
+            f"passes {st['passes']} failures {st['failures']} since {st['phase_started_at']}"
+        )
+    else:
+        lines.append("  rollout        none in progress")
+    if s.window:
+        cols = ["requests", "success_rate", "ttft_p95_ms", "ttft_p99_ms", "tpot_p95_ms", "safety_hit_rate"]
+        cols += ["refusal_rate", "abort_rate"]
+        lines.append("  window         " + "  ".join(f"{c:>15}" for c in ["version", *cols]))
+        for ref, stats in s.window.items():
+            lines.append("                 " + "  ".join(f"{v:>15}" for v in [ref, *(_fmt(stats[c]) for c in cols)]))
+    lines.append("  last decisions" + ("" if s.decisions else "  none"))
+    lines += [f"    {d.line()}" for d in s.decisions]
+    return lines
+
+
+def status_markdown(s: RolloutStatus) -> str:
+    rows = "\n".join(f"| `{a}` | {s.model}/{v} |" for a, v in s.aliases.items())
+    out = [f"# Rollout: {s.model}", "", f"Canary weight **{s.canary_weight}%**", "", "| alias | version |", "|---|---|"]
+    out.append(rows)
+    if s.state:
+        st = s.state
+        out += [
+            "",
+            f"Rollout of **{s.model}/{st['version']}**: {st['phase']}, step {st['step']}, weight {st['weight']}%,",
+        ]
+        out.append(f"passes {st['passes']}, failures {st['failures']}, window since {st['phase_started_at']}.")
+    if s.window:
+        keys = list(next(iter(s.window.values())).keys())
+        out += ["", "| version | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        out += [f"| {ref} | " + " | ".join(_fmt(v[k]) for k in keys) + " |" for ref, v in s.window.items()]
+    if s.decisions:
+        out += ["", "| at | version | action | weight | reason |", "|---|---|---|---|---|"]
+        out += [f"| {d.at} | {d.version} | {d.action} | {d.weight}% | {d.reason} |" for d in s.decisions]
+    return "\n".join(out) + "\n"
+
+
+# --- lifecycle run: a rollout under simulated users -------------------------------------------------------------
+
+TERMINAL = ("rollback", "finish", "reject")
+
+
+def simulate(
+    cfg: LifecycleConfig,
+    home: Home,
+    controller: RolloutController,
+    decisions: list[dict[str, Any]],
+    say: Any,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Start the gateway, play simulated users for one analysis interval at a time and tick the controller after
+    each, until the rollout ends or ``run.max_ticks`` analyses passed. The gateway is stopped in every case."""
+    import asyncio
+
+    from flows.cli import serve_spec
+    from flows.traffic import replay, traffic_prompts
+    from serving.launcher import GatewayProcess
+    from serving.runtime import database_url
+    from serving.store import ServingStore
+
+    serving = cfg.serving.model_copy(update={"port": 0})
+    spec = serve_spec(cfg.model_copy(update={"serving": serving}), home)
+    t = cfg.run.traffic
+    per_tick = max(1, int(t.rate * cfg.rollout.interval_s))
+    prompts = traffic_prompts(cfg.data.generator, t.profile, per_tick * 4)
+    with ServingStore(database_url(spec)) as store:
+        _, key = store.create_key("lifecycle-run-traffic", requests_per_minute=1_000_000, tokens_per_minute=10**9)
+    totals: dict[str, Any] = {"sent": 0, "ok": 0, "errors": {}, "by_version": {}}
+    say(f"starting the gateway for the rollout (log: {home.logs}) ...")
+    with GatewayProcess(spec) as gateway:
+        for tick in range(cfg.run.max_ticks):
+            report = asyncio.run(
+                replay(
+                    prompts,
+                    base_url=gateway.url + "/v1",
+                    api_key=key,
+                    rate=t.rate,
+                    concurrency=t.concurrency,
+                    duration_s=cfg.rollout.interval_s,
+                    max_tokens=t.max_tokens,
+                    seed=tick,
+                )
+            )
+            s = report.summary()
+            totals["sent"] += s["sent"]
+            totals["ok"] += s["ok"]
+            for field_name in ("errors", "by_version"):
+                for k, v in s[field_name].items():
+                    totals[field_name][k] = totals[field_name].get(k, 0) + v
+            made = [asdict(d) for d in controller.tick()]
+            decisions += made
+            for d in made:
+                say(f"rollout: {d['action']} ({d['weight']}%): {d['reason']}  [traffic {s['by_version']}]")
+            if any(d["action"] in TERMINAL for d in made):
+                break
+    return decisions, totals

@@ -1,0 +1,42 @@
+"""The ``run:`` section: how ``lifecycle run`` rolls a freshly gated version out under simulated traffic.
+
+Production rollouts use the ``rollout:`` policy against real users (minutes per step, hundreds of requests per
+version). ``lifecycle run`` has no users, so it starts the gateway, plays simulated users at ``traffic.rate`` and
+analyses every ``rollout.interval_s`` seconds under its own, smaller policy: the same controller, the same
+decisions, on a demo's time scale.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from core.config import StrictModel
+from monitoring.config import RolloutPolicy
+
+
+class RunTraffic(StrictModel):
+    profile: str = Field("normal", description="Traffic mix of the simulated users (normal, drifted, safety).")
+    rate: float = Field(8.0, gt=0, description="Requests per second the simulated users send.")
+    concurrency: int = Field(4, ge=1, description="Simulated requests in flight at most.")
+    max_tokens: int = Field(24, ge=1, description="max_tokens of each simulated request.")
+
+
+class RunConfig(StrictModel):
+    rollout: bool = Field(
+        True, description="After a passing gate, roll the version out (shadow -> canary -> champion)."
+    )
+    traffic: RunTraffic = Field(default_factory=RunTraffic, description="The simulated users.")
+    policy: RolloutPolicy = Field(
+        default_factory=lambda: RolloutPolicy(
+            interval_s=8,
+            steps=[50],
+            shadow_min_samples=20,
+            min_samples=30,
+            min_latency_samples=20,
+            passes_to_advance=1,
+            failure_limit=2,
+            watch_s=8,
+        ),
+        description="The rollout policy of lifecycle run's simulated rollout (production uses rollout:).",
+    )
+    max_ticks: int = Field(20, ge=1, description="Analyses before the run gives up waiting (the rollout stays as is).")

@@ -1,0 +1,120 @@
+"""The rollout policy: the ``rollout:`` section of the root config.
+
+A new version goes shadow (mirrored traffic, never answers users) -> canary steps (``steps``, percent of live
+traffic) -> champion (100%), then is watched for ``watch_s`` against the previous champion before the rollout is
+finished. Every analysis interval the controller compares the candidate's request-log window with the baseline's
+(``monitoring.canary``) and feeds the verdict to the state machine (``monitoring.rollout.decide``). Every number
+the analysis and the state machine use lives here, so environments differ by YAML, not code.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from pydantic import Field, field_validator
+
+from core.config import StrictModel
+
+
+class RolloutThresholds(StrictModel):
+    """What counts as a regression. Rate tolerances are absolute differences (candidate - baseline) in
+    proportion units; latency deltas are in milliseconds."""
+
+    min_success_rate: float = Field(
+        0.99,
+        ge=0,
+        le=1,
+        description="Absolute floor on the candidate's success rate (a guardrail: a version confidently below it "
+        "is rolled back at once, even before min_samples).",
+    )
+    error_rate_tolerance: float = Field(
+        0.01, ge=0, le=1, description="Allowed increase of the error rate over the baseline's."
+    )
+    ttft_p95_delta_ms: float = Field(50, ge=0, description="Allowed increase of the p95 time to first token (ms).")
+    ttft_p99_delta_ms: float = Field(100, ge=0, description="Allowed increase of the p99 time to first token (ms).")
+    tpot_p95_delta_ms: float = Field(20, ge=0, description="Allowed increase of the p95 time per output token (ms).")
+    safety_hit_tolerance: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="Allowed increase of the safety-filter hit rate (pre + post) and of the post-filter rate alone.",
+    )
+    refusal_tolerance: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Allowed change of the refusal rate in either direction (refusing far less than the champion "
+        "is as suspicious as refusing more: a poisoned model complies).",
+    )
+    abort_tolerance: float = Field(
+        0.05, ge=0, le=1, description="Allowed increase of the client-abort rate (users leaving mid-answer)."
+    )
+    shadow_min_similarity: float = Field(
+        0.5, ge=-1, le=1, description="Floor on the mean embedding similarity of shadow and primary answers."
+    )
+    shadow_refusal_tolerance: float = Field(
+        0.1, ge=0, le=1, description="Allowed change of the shadow's refusal rate vs the primary's, either direction."
+    )
+    shadow_toxicity_tolerance: float = Field(
+        0.1, ge=0, le=1, description="Allowed increase of the mean toxicity score (shadow - primary, paired)."
+    )
+    shadow_ttft_delta_ms: float = Field(
+        200, ge=0, description="Allowed increase of the shadow's p95 time to first token over the primary's (ms)."
+    )
+
+
+class RolloutPolicy(StrictModel):
+    """How a version moves from shadow to champion, and when it is rolled back."""
+
+    interval_s: float = Field(60, gt=0, description="Seconds between analyses (the rollout controller's schedule).")
+    steps: list[int] = Field(
+        default_factory=lambda: [5, 25, 50],
+        min_length=1,
+        description="Canary traffic weights in percent, strictly increasing, each 1..99; the step after the last "
+        "is promotion to champion (100%).",
+    )
+    shadow_min_samples: int = Field(
+        30,
+        ge=0,
+        description="Shadow pairs (primary + mirrored answer) needed before the shadow analysis decides; 0 skips "
+        "the shadow phase (the rollout starts at the first canary step).",
+    )
+    min_samples: int = Field(
+        100,
+        ge=1,
+        description="Requests per version (canary and baseline both) in an analysis window before it can pass.",
+    )
+    min_latency_samples: int = Field(
+        30, ge=1, description="Latency measurements per version needed before a latency check decides."
+    )
+    passes_to_advance: int = Field(
+        2, ge=1, description="Consecutive passing analyses needed to advance a step (hysteresis)."
+    )
+    failure_limit: int = Field(
+        2,
+        ge=1,
+        description="Failing analyses within one rollout (cumulative, never reset) that abort it with a rollback.",
+    )
+    alpha: float = Field(
+        0.05, gt=0, lt=0.5, description="Significance level of every test (one-sided intervals are 1 - alpha)."
+    )
+    bootstrap_resamples: int = Field(1000, ge=100, description="Bootstrap resamples of the latency comparisons.")
+    seed: int = Field(0, description="Seed of the bootstrap (the same windows give the same verdict).")
+    watch_s: float = Field(
+        600,
+        ge=0,
+        description="After promotion, seconds the new champion is watched against the previous champion's "
+        "baseline (a failure rolls back) before the rollout is finished.",
+    )
+    thresholds: RolloutThresholds = Field(
+        default_factory=RolloutThresholds, description="The regression thresholds of the analysis."
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_increasing(cls, steps: list[int]) -> list[int]:
+        if any(not 1 <= w <= 99 for w in steps):
+            raise ValueError(f"every canary step is a weight in percent between 1 and 99, got {steps}")
+        if any(b <= a for a, b in pairwise(steps)):
+            raise ValueError(f"canary steps must be strictly increasing, got {steps}")
+        return steps

@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from core.refusal import is_compliance, is_refusal
 from evals.config import OverRefusalSuite, SafetySuite, ToxicitySuite
 from evals.generation import ChatModel, Sampling
-from core.refusal import is_compliance, is_refusal
 from evals.report import MetricResult, SuiteResult, mean_metric
 from evals.toxicity import ToxicityScorer
 

@@ -1,5 +1,6 @@
 """The ``serving:`` section of the root config: where the endpoint listens, which registered versions it serves,
-its vLLM engines, keys and limits, the context budget, safety filters, brownout and latency targets.
+its vLLM engines, keys and limits, the context budget, safety filters, brownout and latency targets, shadow
+mirroring and fault injection.
 
 Every threshold lives here (YAML), not in code. ``lifecycle serve`` and ``bentoml serve serving.service:Gateway``
 read the same object.
@@ -7,6 +8,7 @@ read the same object.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -45,6 +47,22 @@ class RoutingConfig(StrictModel):
         default_factory=list,
         description="More versions to load at start (NAME@ALIAS or NAME/VERSION); any registered version may "
         "also be requested by name and is loaded on first use.",
+    )
+    challenger_alias: str = Field(
+        "challenger",
+        description="Alias of the canary: it answers the registered model's 'rollout.weight' tag percent of the "
+        "served name's requests (sticky per conversation); weight 0: loaded, but answers no user.",
+    )
+    shadow_alias: str = Field(
+        "shadow",
+        description="Alias of the shadow version: it gets a mirrored share of the served name's requests "
+        "(serving.shadow) and never answers a user.",
+    )
+    refresh_s: float = Field(
+        10,
+        gt=0,
+        description="How often the registry's aliases and canary weight are re-read (a rollout step or an alias "
+        "moved in the MLflow UI takes effect within this time, plus an engine start when one is needed).",
     )
 
 
@@ -114,6 +132,48 @@ class SloConfig(StrictModel):
     tpot_ms: float = Field(200, gt=0, description="Time-per-output-token target of a good request (goodput).")
 
 
+class ShadowConfig(StrictModel):
+    enabled: bool = Field(True, description="Mirror requests to the shadow version while the shadow alias exists.")
+    fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Share of the served name's requests mirrored while a shadow version is loaded (chosen by a "
+        "hash of the request id: deterministic).",
+    )
+    max_concurrent: int = Field(
+        2, ge=1, description="Shadow requests running at once; a request beyond it is skipped (counted), not queued."
+    )
+    tokens_per_minute: int = Field(
+        20000,
+        ge=1,
+        description="Shadow budget: prompt + max_tokens reserved per mirrored request over a sliding minute; "
+        "requests beyond it are skipped and counted, never queued.",
+    )
+    similarity: bool = Field(
+        True,
+        description="Compare the two answers by the cosine of their MiniLM sentence embeddings (the bundled "
+        "all-MiniLM-L6-v2, loaded on first use); false: similarity is left empty.",
+    )
+
+
+class FaultConfig(StrictModel):
+    """Fault injection for rollout drills and tests, like Envoy's fault filter: slow down one version's answers
+    (primary, canary and shadow alike) and watch the canary analysis catch it."""
+
+    version: str = Field(description="The registered version the delays apply to, NAME/VERSION (like chat/5).")
+    ttft_delay_ms: float = Field(
+        0, ge=0, description="Added before the first token of every request that version answers."
+    )
+    tpot_delay_ms: float = Field(0, ge=0, description="Added before every streamed delta after the first.")
+
+    @model_validator(mode="after")
+    def _ref(self) -> FaultConfig:
+        if not re.fullmatch(r"[^@/]+/\d+", self.version):
+            raise ValueError(f"faults[].version must be NAME/VERSION (like chat/5), got {self.version!r}")
+        return self
+
+
 class ServingConfig(StrictModel):
     host: str = Field("127.0.0.1", description="Interface the endpoint binds.")
     port: int = Field(3000, ge=0, le=65535, description="Port the endpoint binds (0: any free port).")
@@ -131,6 +191,14 @@ class ServingConfig(StrictModel):
     safety: SafetyConfig = Field(default_factory=SafetyConfig, description="Pre- and post-filters.")
     brownout: BrownoutConfig = Field(default_factory=BrownoutConfig, description="Load shedding.")
     slo: SloConfig = Field(default_factory=SloConfig, description="Latency targets behind the goodput metric.")
+    shadow: ShadowConfig = Field(
+        default_factory=ShadowConfig, description="Mirroring to the shadow version (routing.shadow_alias)."
+    )
+    faults: list[FaultConfig] = Field(
+        default_factory=list,
+        description="Fault injection for rollout drills and tests (like Envoy's fault filter): latency added to "
+        "the answers of named versions. Empty in production.",
+    )
 
     @model_validator(mode="after")
     def _caps(self) -> ServingConfig:

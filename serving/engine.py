@@ -85,6 +85,14 @@ class Engine(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
+    def adapter_in_flight(self, adapter: Adapter) -> int:
+        """Requests in flight that use ``adapter``."""
+        ...
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        """Unload an adapter no request uses any more (a retired canary or shadow); call on the event loop."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -100,6 +108,7 @@ class VllmEngine:
         self._state: EngineState = "starting"
         self._waiting: set[str] = set()
         self._running: set[str] = set()
+        self._adapter_use: dict[int, int] = {}  # adapter id -> requests in flight with it
         self.max_model_len = 0
         self.tokenizer: Any = None
         self.started_s: float | None = None
@@ -178,6 +187,8 @@ class VllmEngine:
         lora = LoRARequest(adapter.name, adapter.id, str(adapter.path)) if adapter else None
         rid = request.request_id
         self._waiting.add(rid)
+        if adapter is not None:
+            self._adapter_use[adapter.id] = self._adapter_use.get(adapter.id, 0) + 1
         try:
             async for out in self._llm.generate(
                 TokensPrompt(prompt_token_ids=request.prompt_token_ids), params, rid, lora_request=lora
@@ -193,15 +204,40 @@ class VllmEngine:
         finally:
             self._waiting.discard(rid)
             self._running.discard(rid)
+            if adapter is not None:
+                left = self._adapter_use.get(adapter.id, 1) - 1
+                if left:
+                    self._adapter_use[adapter.id] = left
+                else:
+                    self._adapter_use.pop(adapter.id, None)
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and self.state == "ready":
             await self._llm.abort(request_id)
 
+    def adapter_in_flight(self, adapter: Adapter) -> int:
+        return self._adapter_use.get(adapter.id, 0)
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        """``AsyncLLM.remove_lora``: frees the adapter's slot and its CPU cache entry. Called only once no request
+        of ours uses it (the router checks ``adapter_in_flight``): vLLM would re-load an adapter a running request
+        still names from its path on the next step, a wasted load rather than a failure. It must run on the loop
+        that drives this engine's output handler (vLLM's utility calls resolve futures of that loop)."""
+        if self._llm is not None and self.state == "ready":
+            await self._llm.remove_lora(adapter.id)
+
     def shutdown(self) -> None:
         if self._llm is not None:
             self._llm.shutdown()
         self._state = "stopped"
+
+
+async def close_stream(stream: AsyncIterator[Delta]) -> None:
+    """Close an engine's delta stream now (an async generator left to the garbage collector keeps its request
+    counted in flight until it is collected)."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 async def drain(engine: Engine, request: GenerationRequest) -> tuple[str, int, str | None]:

@@ -1,8 +1,16 @@
 """The request pipeline of ``POST /v1/chat/completions``, independent of the web framework.
 
     authenticate -> requests/minute -> parse -> route (model name -> version) -> conversation history
-      -> context budget -> brownout / fallback choice -> pre-filter -> tokens/minute (reserved)
-      -> engine (streamed through the post-filter) -> usage, conversation, request log, metrics
+      -> traffic split (champion or canary) -> brownout / fallback choice -> context budget -> pre-filter
+      -> tokens/minute (reserved) -> engine (streamed through the post-filter; mirrored to the shadow)
+      -> usage, conversation, request log, metrics
+
+The traffic split (``split.variant``) applies to the served name while a canary has weight: its sticky key is the
+conversation id (a new conversation's id is made before the split, so its later turns hash the same), else the
+API key id, else the request id; a conversation continues on the version that wrote its last reply while that
+version is still the champion or the challenger. The route is fixed when a request starts: a weight change never
+moves a running stream. A canary whose engine is not ready is answered for by the champion
+(``canary-unavailable``): users never see an error for it.
 
 Streaming and non-streaming requests run the same generator (``_run``): text reaches a client only after the
 post-filter released it, so no route can bypass the filter. When a client goes away the engine request is
@@ -18,64 +26,32 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 
 from core.errors import NotFoundError
+from core.refusal import is_refusal
 from serving import context as ctxmod
-from serving import protocol
+from serving import protocol, split
 from serving.brownout import BrownoutDecision, TtftWindow, decide
+from serving.call import Call
 from serving.config import ServingConfig
-from serving.engine import EngineDead, GenerationRequest
+from serving.engine import EngineDead, GenerationRequest, close_stream
 from serving.errors import APIError, bad_request, not_found, rate_limited, unauthorized, unavailable
+from serving.faults import Faults
 from serving.limits import RateLimiter
 from serving.metrics import ServingMetrics
 from serving.router import Route, Router, ServedModel
 from serving.safety import SafetyFilters
-from serving.store import ApiKey, RequestLogEntry, ServingStore
+from serving.shadow import Embedder, MiniLmEmbedder, PrimaryResult, ShadowMirror
+from serving.store import ApiKey, RequestLogEntry, ServingStore, new_conversation_id
+
+SHADOWED_ROUTES = ("primary", "canary", "canary-unavailable")  # the ok path: no brownout, no fallback
 
 log = logging.getLogger("lifecycle.serving")
-
-
-@dataclass
-class Call:
-    """Everything one request accumulates on its way through; ``_finish`` turns it into records."""
-
-    request_id: str
-    started: float
-    key: ApiKey | None
-    request: protocol.ChatCompletionRequest
-    served: ServedModel
-    route: str  # primary | fallback | brownout | brownout-fallback
-    brownout: BrownoutDecision
-    prompt_ids: list[int]
-    max_tokens: int
-    new_messages: list[dict[str, str]]
-    conversation_id: str | None
-    reserved_tokens: int = 0
-    completion_tokens: int = 0
-    text: list[str] = field(default_factory=list)
-    first_token_at: float | None = None
-    finish_reason: str | None = None
-    status: str = "ok"
-    pre_filter: str | None = None
-    post_filter: str | None = None
-    error: str | None = None
-    finished: bool = False
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def headers(self) -> dict[str, str]:
-        out = {"x-request-id": self.request_id, "x-model-version": self.served.header()}
-        if self.brownout.active:
-            out["x-brownout"] = self.brownout.header()
-        if self.route.endswith("fallback"):
-            out["x-fallback"] = "engine-unavailable" if self.route == "fallback" else "brownout"
-        if self.conversation_id:
-            out["x-conversation-id"] = self.conversation_id
-        return out
 
 
 class Gateway:
@@ -87,6 +63,7 @@ class Gateway:
         limiter: RateLimiter,
         filters: SafetyFilters,
         metrics: ServingMetrics | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.cfg = cfg
         self.router = router
@@ -94,6 +71,10 @@ class Gateway:
         self.limiter = limiter
         self.filters = filters
         self.metrics = metrics or ServingMetrics()
+        self.faults = Faults(cfg.faults)
+        self.shadow = ShadowMirror(
+            cfg.shadow, store, filters.scorer, self.metrics, self.faults, embedder or MiniLmEmbedder()
+        )
         self._ttft: dict[str, TtftWindow] = {}
         self._background: set[asyncio.Task[None]] = set()
 
@@ -151,13 +132,16 @@ class Gateway:
         except NotFoundError as exc:
             raise not_found(str(exc), code="model_not_found") from None
 
-    async def history(self, key: ApiKey | None, req: protocol.ChatCompletionRequest) -> tuple[str | None, list[dict]]:
+    async def history(
+        self, key: ApiKey | None, req: protocol.ChatCompletionRequest
+    ) -> tuple[str | None, list[dict], str | None]:
+        """(conversation id, its messages, the version that wrote its last reply)."""
         if req.conversation_id is None:
-            return None, []
+            return None, [], None
         if key is None:
             raise bad_request("Conversations need an API key (they belong to the key)", param="conversation_id")
         if req.conversation_id == protocol.NEW_CONVERSATION:
-            return protocol.NEW_CONVERSATION, []  # created by prepare once every check has passed
+            return protocol.NEW_CONVERSATION, [], None  # created by prepare once every check has passed
         if any(m.role in ("system", "developer") for m in req.messages):
             raise bad_request(
                 "A system prompt is set when a conversation starts; send only the new turns", param="messages"
@@ -166,7 +150,24 @@ class Gateway:
             conv = await anyio.to_thread.run_sync(self.store.get_conversation, key.id, req.conversation_id)
         except NotFoundError as exc:
             raise not_found(str(exc), code="conversation_not_found") from None
-        return conv.id, [{"role": m["role"], "content": m["content"]} for m in conv.messages]
+        replies = [m.get("model_version") for m in conv.messages if m["role"] == "assistant"]
+        messages = [{"role": m["role"], "content": m["content"]} for m in conv.messages]
+        return conv.id, messages, replies[-1] if replies else None
+
+    def assign(self, route: Route, sticky_key: str, last_version: str | None) -> tuple[ServedModel, str, str | None]:
+        """The traffic split: (the version to answer, the version assigned, the route it implies or None).
+        A canary assigned but not ready is answered for by the champion (``canary-unavailable``)."""
+        champion, canary = route.model, route.canary
+        if canary is None or route.canary_weight <= 0:
+            return champion, champion.ref, None
+        variant = split.variant(
+            sticky_key, route.canary_weight, last_version=last_version, champion=champion.ref, challenger=canary.ref
+        )
+        if variant == "champion":
+            return champion, champion.ref, None
+        if canary.engine.state != "ready":
+            return champion, canary.ref, "canary-unavailable"
+        return canary, canary.ref, "canary"
 
     def choose(self, route: Route) -> tuple[ServedModel, str, BrownoutDecision]:
         primary, fallback = route.model, route.fallback
@@ -195,9 +196,18 @@ class Gateway:
     async def prepare(self, key: ApiKey | None, req: protocol.ChatCompletionRequest, request_id: str) -> Call:
         started = time.monotonic()
         route = self.route(req.model)
-        conversation_id, history = await self.history(key, req)
+        conversation_id, history, last_version = await self.history(key, req)
+        new_conversation = conversation_id == protocol.NEW_CONVERSATION
+        if new_conversation:  # its id exists before the split, so its later turns hash like this one
+            conversation_id = new_conversation_id()
+        sticky_key = conversation_id or (key.id if key else None) or request_id
+        primary, assigned, split_route = self.assign(route, sticky_key, last_version)
         new_messages = [m.plain() for m in req.messages]
-        served, route_kind, brownout = self.choose(route)
+        served, route_kind, brownout = self.choose(replace(route, model=primary))
+        if split_route is not None and route_kind == "primary":
+            route_kind = split_route
+        if route.canary is not None and route.canary_weight > 0:
+            self.metrics.canary_routes.labels(route_kind).inc()
         engine = served.engine
         fitted = ctxmod.fit(
             engine.tokenizer, history + new_messages, engine.max_model_len, req.requested_max_tokens(), self.cfg.context
@@ -219,6 +229,9 @@ class Gateway:
             max_tokens,
             new_messages,
             conversation_id,
+            assigned=assigned,
+            new_conversation=new_conversation,
+            shadow=route.shadow if route_kind in SHADOWED_ROUTES else None,
         )
         verdict = self.filters.pre.check(history + new_messages) if self.cfg.safety.pre_filter else None
         if verdict is not None and verdict.blocked:
@@ -248,10 +261,11 @@ class Gateway:
 
     async def _start_conversation(self, call: Call) -> None:
         """A requested new conversation exists only once the request is accepted: a refused request leaves none."""
-        if call.conversation_id == protocol.NEW_CONVERSATION and call.key is not None:
-            key_id, model = call.key.id, call.request.model
-            conv = await anyio.to_thread.run_sync(lambda: self.store.create_conversation(key_id, model))
-            call.conversation_id = conv.id
+        if call.new_conversation and call.key is not None and call.conversation_id is not None:
+            key_id, model, conv_id = call.key.id, call.request.model, call.conversation_id
+            await anyio.to_thread.run_sync(
+                lambda: self.store.create_conversation(key_id, model, conversation_id=conv_id)
+            )
 
     # --- generation -----------------------------------------------------------------------------------------
 
@@ -279,9 +293,12 @@ class Gateway:
             logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
             adapter=call.served.adapter,
         )
+        if call.shadow is not None:  # mirrored in the background: never awaited, never shown
+            call.shadow_run = self.shadow.start(call.request_id, call.started, call.served.ref, greq, call.shadow)
+        stream = self.faults.apply(call.served.ref, engine.generate(greq))
         completed = False
         try:
-            async for delta in engine.generate(greq):
+            async for delta in stream:
                 if call.first_token_at is None and delta.new_tokens:
                     call.first_token_at = time.monotonic()
                 call.completion_tokens += delta.new_tokens
@@ -309,10 +326,17 @@ class Gateway:
             call.status, call.error = "error", str(exc)
             raise unavailable(f"{call.served.ref}: the engine stopped during the request") from None
         finally:
-            if not completed and call.status == "ok":
+            aborted = not completed and call.status == "ok"
+            if aborted:
                 call.status = "aborted"
                 call.finish_reason = call.finish_reason or "abort"
-                await asyncio.shield(engine.abort(call.request_id))
+
+            async def end() -> None:  # one shielded step: a cancelled request still aborts and closes its stream
+                if aborted:
+                    await engine.abort(call.request_id)
+                await close_stream(stream)
+
+            await asyncio.shield(end())
 
     async def _stopped(self, call: Call, rule: str) -> AsyncIterator[str]:
         call.post_filter = rule
@@ -388,21 +412,19 @@ class Gateway:
         if call.finished:
             return
         call.finished = True
+        call.ended = time.monotonic()
+        if call.shadow_run is not None:
+            ttft_ms, _, e2e_ms = call.timings()
+            text = "".join(call.text)
+            call.shadow_run.primary_finished(PrimaryResult(text, call.completion_tokens, call.status, ttft_ms, e2e_ms))
         task = asyncio.get_running_loop().create_task(anyio.to_thread.run_sync(self._record, call))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     def _record(self, call: Call) -> None:
-        end = time.monotonic()
         ref = call.served.ref
         m = self.metrics
-        ttft_ms = (call.first_token_at - call.started) * 1000 if call.first_token_at else None
-        tpot_ms = (
-            (end - call.first_token_at) * 1000 / (call.completion_tokens - 1)
-            if call.first_token_at and call.completion_tokens > 1
-            else None
-        )
-        e2e_ms = (end - call.started) * 1000
+        ttft_ms, tpot_ms, e2e_ms = call.timings()
         prompt_tokens = len(call.prompt_ids)
         m.requests.labels(ref, call.route, call.status).inc()
         m.e2e.labels(ref).observe(e2e_ms / 1000)
@@ -452,6 +474,8 @@ class Gateway:
                     response_text="".join(call.text),
                     finish_reason=call.finish_reason,
                     error=call.error,
+                    assigned_version=call.assigned,
+                    refusal=is_refusal("".join(call.text)) if call.status == "ok" else None,
                 )
             )
         except Exception:  # the response is already out; losing a log row must be loud, not fatal
@@ -493,9 +517,11 @@ class Gateway:
             log.exception("recording rejected request %s failed", request_id)
 
     async def drain(self) -> None:
-        """Wait for background record writes (tests, shutdown)."""
-        while self._background:
+        """Wait for background record writes and shadow comparisons (tests, shutdown: cancel the shadows first
+        with ``shadow.cancel_all`` not to wait for them)."""
+        while self._background or self.shadow.running:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+            await self.shadow.drain()
 
 
 def new_request_id() -> str:

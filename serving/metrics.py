@@ -59,6 +59,23 @@ class ServingMetrics:
             registry=r,
         )
         self.engine_up = Gauge("lifecycle_engine_up", "1 when the engine is ready.", ["engine"], registry=r)
+        self.canary_routes = Counter(
+            "lifecycle_canary_routes",
+            "Requests to the served name while a canary takes traffic, by route (primary: the champion answered "
+            "as assigned, canary, canary-unavailable, fallback, brownout ...).",
+            ["route"],
+            registry=r,
+        )
+        self.canary_weight = Gauge(
+            "lifecycle_canary_weight", "Percent of the served name's traffic assigned to the canary.", registry=r
+        )
+        self.shadow = Counter(
+            "lifecycle_shadow_requests",
+            "Requests considered for mirroring to the shadow version, by outcome (mirrored, skipped_budget, "
+            "skipped_unavailable, error, discarded: the primary did not complete, nothing to compare).",
+            ["shadow_version", "outcome"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

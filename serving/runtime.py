@@ -4,15 +4,18 @@
 ``registry:`` sections) as JSON; the BentoML service reads it from ``$LIFECYCLE_SERVE_SPEC``. So the serving
 package never imports ``flows`` and a deployment can hand the service its spec file directly.
 
-Background duties (``supervise``, every ``SUPERVISE_S``): re-read aliases (an alias moved in the MLflow UI
-takes effect within ``ALIAS_REFRESH_S``), restart dead engines (requests meanwhile go to the fallback; /readyz
-says "degraded"), purge deleted conversations past retention, update the engine gauges.
+Background duties (``supervise``, every ``SUPERVISE_S``): follow the registry's deployment (aliases and canary
+weight, re-read every ``serving.routing.refresh_s`` by ``Router.refresh`` in a background task of its own, so an
+engine start for a new canary delays neither requests nor the other duties; then retired adapters are unloaded),
+restart dead engines (requests meanwhile go to the fallback; /readyz says "degraded"), purge deleted
+conversations past retention, update the gauges. ``stop`` cancels the refresh and the shadow requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from datetime import timedelta
@@ -32,11 +35,11 @@ from serving.gateway import Gateway
 from serving.limits import RateLimiter
 from serving.router import EngineFactory, Router, VersionSource
 from serving.safety import SafetyFilters, build_filters
+from serving.shadow import Embedder
 from serving.store import ServingStore
 
 log = logging.getLogger("lifecycle.serving")
 SUPERVISE_S = 2.0
-ALIAS_REFRESH_S = 10.0
 PURGE_EVERY_S = 3600.0
 SPEC_ENV = "LIFECYCLE_SERVE_SPEC"
 
@@ -68,6 +71,7 @@ class GatewayRuntime:
         registry: VersionSource | None = None,
         factory: EngineFactory | None = None,
         filters: SafetyFilters | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
         home = Home(Path(spec.home))
         process_runtime.configure(home)
@@ -84,12 +88,14 @@ class GatewayRuntime:
             ServingStore(database_url(spec)),
             RateLimiter(spec.serving.api_keys.storage_uri),
             filters or build_filters(spec.serving.safety),
+            embedder=embedder,
         )
         self.started_at = time.time()
         self.loaded = False
         self.load_error: str | None = None
         self._restarting: set[str] = set()
-        self._last_refresh = 0.0
+        self._last_refresh = -math.inf  # the first tick after loading follows the registry at once
+        self._refreshing: asyncio.Task[None] | None = None
         self._last_purge = 0.0
 
     def _vllm_factory(self, key: str, folder: Path, lora: bool) -> Engine:
@@ -130,15 +136,17 @@ class GatewayRuntime:
             status = "failed" if self.load_error else "starting"
             return 503, {"status": status, "error": self.load_error, "engines": engines}
         served = router.routing.served_name
+        deployment = router.deployment_state()
         try:
             primary = router.route(served).model
         except Exception as exc:  # the primary alias was removed in the registry
-            return 503, {"status": "unavailable", "error": str(exc), "engines": engines}
+            return 503, {"status": "unavailable", "error": str(exc), "engines": engines, "deployment": deployment}
         fallback = router.fallback
         body: dict[str, Any] = {
             "primary": primary.header(),
             "fallback": fallback.header() if fallback else None,
             "engines": engines,
+            "deployment": deployment,
         }
         if primary.engine.state == "ready":
             return 200, {"status": "ready", **body}
@@ -154,6 +162,7 @@ class GatewayRuntime:
             m.queue_depth.labels(label).set(engine.queue_depth)
             m.in_flight.labels(label).set(engine.in_flight)
             m.engine_up.labels(label).set(1 if engine.state == "ready" else 0)
+        m.canary_weight.set(self.gateway.router.deployment_state()["canary_weight"])
 
     # --- supervision --------------------------------------------------------------------------------------
 
@@ -176,17 +185,25 @@ class GatewayRuntime:
             if engine.state == "dead" and key not in self._restarting:
                 self._restarting.add(key)
                 asyncio.get_running_loop().create_task(self._restart(key, engine))
-        if now - self._last_refresh >= ALIAS_REFRESH_S:
+        refreshing = self._refreshing is not None and not self._refreshing.done()
+        if not refreshing and now - self._last_refresh >= self.spec.serving.routing.refresh_s:
             self._last_refresh = now
-            changed = await anyio.to_thread.run_sync(router.refresh)
-            for change in changed:
-                log.info("alias change picked up: %s", change)
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
         if now - self._last_purge >= PURGE_EVERY_S:
             self._last_purge = now
             days = self.spec.serving.retention_days
             purged = await anyio.to_thread.run_sync(lambda: self.gateway.store.purge_deleted(timedelta(days=days)))
             if purged:
                 log.info("purged %d deleted conversation(s) older than %s days", purged, days)
+
+    async def _refresh(self) -> None:
+        """Follow the registry (the router logs each change); a failure is logged and retried next time."""
+        router = self.gateway.router
+        try:
+            await anyio.to_thread.run_sync(router.refresh)
+            await router.unload_adapters()
+        except Exception:
+            log.exception("following the registry's deployment failed; retrying in %s s", router.routing.refresh_s)
 
     async def _restart(self, key: str, dead: Engine) -> None:
         log.warning("engine %s died; restarting it (requests go to the fallback meanwhile)", key[:24])
@@ -203,6 +220,15 @@ class GatewayRuntime:
             await asyncio.sleep(10)
         finally:
             self._restarting.discard(key)
+
+    async def stop(self) -> None:
+        """Stop the background work on the event loop: the refresh task (an engine start already running in its
+        thread finishes and is shut down by the router), the shadow requests (aborted), the record writes (waited
+        for). Then call ``shutdown``."""
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+        await self.gateway.shadow.cancel_all()
+        await self.gateway.drain()
 
     def shutdown(self) -> None:
         self.gateway.router.shutdown()

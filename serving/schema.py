@@ -3,7 +3,8 @@
 Portable column types only, so the same tables run on SQLite and on Postgres; every datetime column is a
 ``UtcDateTime`` (stored as UTC, handed back timezone-aware). Key id columns are plain indexed strings (no foreign key)
 so a gateway running without keys can use one fixed tenant id. Records: ``ApiKey`` (api_keys), ``Conversation`` and
-``StoredMessage`` (conversations, messages), ``UsageRow`` (usage_daily), ``RequestLogEntry`` (request_log).
+``StoredMessage`` (conversations, messages), ``UsageRow`` (usage_daily), ``RequestLogEntry`` (request_log),
+``ShadowLogEntry`` (shadow_log).
 """
 
 from __future__ import annotations
@@ -126,7 +127,35 @@ log_t = sa.Table(
     sa.Column("finish_reason", sa.String(40)),
     sa.Column("error", sa.Text),
     sa.Column("redactions", sa.Integer, nullable=False),
+    # added with progressive delivery (``ServingStore`` adds them to older databases on open)
+    sa.Column("assigned_version", sa.String(200)),
+    sa.Column("refusal", sa.Boolean),
     sa.Index("ix_request_log_version_at", "model_version", "at"),
+)
+
+shadow_t = sa.Table(
+    "shadow_log",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("request_id", sa.String(100), nullable=False, index=True),
+    sa.Column("at", UtcDateTime, nullable=False, index=True),
+    sa.Column("primary_version", sa.String(200), nullable=False),
+    sa.Column("shadow_version", sa.String(200), nullable=False),
+    sa.Column("status", sa.String(20), nullable=False),
+    sa.Column("primary_tokens", sa.Integer, nullable=False),
+    sa.Column("shadow_tokens", sa.Integer, nullable=False),
+    sa.Column("length_ratio", sa.Float),
+    sa.Column("primary_refusal", sa.Boolean, nullable=False),
+    sa.Column("shadow_refusal", sa.Boolean, nullable=False),
+    sa.Column("primary_toxicity", sa.Float),
+    sa.Column("shadow_toxicity", sa.Float),
+    sa.Column("similarity", sa.Float),
+    sa.Column("primary_ttft_ms", sa.Float),
+    sa.Column("shadow_ttft_ms", sa.Float),
+    sa.Column("primary_e2e_ms", sa.Float),
+    sa.Column("shadow_e2e_ms", sa.Float),
+    sa.Column("error", sa.Text),
+    sa.Index("ix_shadow_log_version_at", "shadow_version", "at"),
 )
 
 
@@ -182,8 +211,13 @@ class RequestLogEntry:
     """One finished (or refused) request, as monitoring and rollout analysis read it.
 
     ``status`` is one of ok, content_filter, error, aborted, rate_limited...; ``route`` says which path answered
-    (primary, fallback, brownout); ``pre_filter``/``post_filter`` name the rule or category that blocked.
+    (primary, canary, canary-unavailable, fallback, brownout, brownout-fallback; rejected: refused before
+    routing); ``pre_filter``/``post_filter`` name the rule or category that blocked.
     ``redactions`` is set by ``log_request``: how many items ``redact`` replaced in the prompt and reply.
+    ``assigned_version`` is the version the routing chose before any availability fallback: the traffic split's
+    champion or canary for the served name (the canary's on ``canary-unavailable``, the champion's or canary's on
+    ``fallback``), the named version otherwise; None on rows written before it existed. ``refusal``: the reply
+    opens as a refusal (``core.refusal``), set on completed answers (status ok) only.
     """
 
     request_id: str
@@ -209,6 +243,40 @@ class RequestLogEntry:
     finish_reason: str | None = None
     error: str | None = None
     redactions: int = 0
+    assigned_version: str | None = None
+    refusal: bool | None = None
+
+
+@dataclass(frozen=True)
+class ShadowLogEntry:
+    """One shadow comparison: the answer a user got (``primary_*``) and the shadow version's answer to the same
+    request (same prompt tokens and sampling parameters), compared. No text of either is stored.
+
+    ``status`` is the shadow call's: ok (both answers complete: the comparison fields are set) or error (the
+    shadow failed: ``error`` says why, ``shadow_refusal`` is False and the comparison fields are None).
+    ``length_ratio`` is shadow characters / primary characters (None for an empty primary answer);
+    ``*_refusal`` from ``core.refusal.is_refusal``; ``*_toxicity`` the gateway's toxicity scorer (0..1);
+    ``similarity`` the cosine of the two answers' sentence embeddings (None when disabled or unavailable).
+    """
+
+    request_id: str
+    at: datetime
+    primary_version: str
+    shadow_version: str
+    status: str
+    primary_tokens: int = 0
+    shadow_tokens: int = 0
+    length_ratio: float | None = None
+    primary_refusal: bool = False
+    shadow_refusal: bool = False
+    primary_toxicity: float | None = None
+    shadow_toxicity: float | None = None
+    similarity: float | None = None
+    primary_ttft_ms: float | None = None
+    shadow_ttft_ms: float | None = None
+    primary_e2e_ms: float | None = None
+    shadow_e2e_ms: float | None = None
+    error: str | None = None
 
 
 def to_utc(value: datetime) -> datetime:

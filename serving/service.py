@@ -82,7 +82,7 @@ class ChatGateway:
     async def _stop(self) -> None:
         if self._supervisor is not None:
             self._supervisor.cancel()
-        await self.runtime.gateway.drain()
+        await self.runtime.stop()
         self.runtime.shutdown()
 
     def __is_ready__(self) -> bool:

@@ -1,10 +1,12 @@
-"""The gateway's persistent state: API keys, conversations, daily usage and the request log, on SQLAlchemy Core.
+"""The gateway's persistent state: API keys, conversations, daily usage, the request log and the shadow log, on
+SQLAlchemy Core.
 
 One ``ServingStore(url)`` per gateway process, built in the app factory and closed on shutdown. The API is
 synchronous (the gateway calls it from a thread pool). The same code runs on SQLite (the default,
 ``$LIFECYCLE_HOME/serving/serving.db``) and on ``postgresql+psycopg://`` URLs: no dialect-specific SQL, and the
 portable tables of ``serving.schema``, whose records (``ApiKey``, ``Conversation``, ``RequestLogEntry`` ...) are
-re-exported here.
+re-exported here. A database created by an older version gets the columns added since then on open
+(``_add_missing_columns``: additive and idempotent, on both backends).
 
 Tenancy: every conversation read or write takes the caller's key id; a conversation of another key, or one that
 was deleted, raises ``NotFoundError`` exactly like one that never existed, so ids leak nothing.
@@ -22,6 +24,7 @@ the busy timeout instead of failing with "database is locked" when another write
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,6 +42,7 @@ from serving.schema import (
     ApiKey,
     Conversation,
     RequestLogEntry,
+    ShadowLogEntry,
     StoredMessage,
     UsageRow,
     UtcDateTime,
@@ -47,6 +51,7 @@ from serving.schema import (
     log_t,
     messages_t,
     metadata,
+    shadow_t,
     to_utc,
     usage_t,
 )
@@ -58,6 +63,7 @@ __all__ = [
     "Conversation",
     "RequestLogEntry",
     "ServingStore",
+    "ShadowLogEntry",
     "StoredMessage",
     "UsageRow",
     "UtcDateTime",
@@ -66,15 +72,24 @@ __all__ = [
     "log_t",
     "messages_t",
     "metadata",
+    "new_conversation_id",
+    "shadow_t",
     "usage_t",
 ]
 
+log = logging.getLogger("lifecycle.serving")
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 _WRITE = "lc_write"  # execution option that makes the SQLite begin hook open a write transaction
 
 
 _LOG_FIELDS = [c.name for c in log_t.columns if c.name != "id"]
+_SHADOW_FIELDS = [c.name for c in shadow_t.columns if c.name != "id"]
+
+
+def new_conversation_id() -> str:
+    """A fresh conversation id (the gateway makes one before the traffic split, which hashes it)."""
+    return "conv_" + secrets.token_hex(12)
 
 
 class ServingStore:
@@ -99,9 +114,12 @@ class ServingStore:
         self._writer = engine.execution_options(**{_WRITE: True})
         try:
             metadata.create_all(self._writer)
+            added = _add_missing_columns(self._writer)
         except SQLAlchemyError as exc:
             engine.dispose()
             raise ConfigError(f"cannot open the serving database {shown}: {exc}") from exc
+        if added:
+            log.info("serving database %s upgraded: added %s", shown, ", ".join(added))
 
     def close(self) -> None:
         self._engine.dispose()
@@ -189,9 +207,12 @@ class ServingStore:
 
     # conversations
 
-    def create_conversation(self, key_id: str, model: str, system: str | None = None) -> Conversation:
+    def create_conversation(
+        self, key_id: str, model: str, system: str | None = None, *, conversation_id: str | None = None
+    ) -> Conversation:
+        """A new conversation; ``conversation_id`` is one made beforehand by ``new_conversation_id``."""
         now = _now()
-        conv = Conversation("conv_" + secrets.token_hex(12), key_id, model, system, now, now)
+        conv = Conversation(conversation_id or new_conversation_id(), key_id, model, system, now, now)
         with self._write() as conn:
             conn.execute(
                 sa.insert(conversations_t).values(
@@ -348,6 +369,66 @@ class ServingStore:
         with self._read() as conn:
             rows = conn.execute(query).all()
         return [RequestLogEntry(**r._asdict()) for r in reversed(rows)]
+
+    # shadow log
+
+    def log_shadow(self, entry: ShadowLogEntry) -> ShadowLogEntry:
+        """Write one shadow comparison (it holds no text); returns what was stored."""
+        stored = replace(entry, at=to_utc(entry.at))
+        with self._write() as conn:
+            conn.execute(sa.insert(shadow_t).values({f: getattr(stored, f) for f in _SHADOW_FIELDS}))
+        return stored
+
+    def shadow_log(
+        self, since: datetime | None = None, shadow_version: str | None = None, limit: int | None = None
+    ) -> list[ShadowLogEntry]:
+        """Comparisons at or after ``since``, oldest first; with ``limit``, the most recent ``limit`` of them."""
+        c = shadow_t.c
+        query = sa.select(*[c[f] for f in _SHADOW_FIELDS])
+        if since is not None:
+            query = query.where(c.at >= to_utc(since))
+        if shadow_version is not None:
+            query = query.where(c.shadow_version == shadow_version)
+        query = query.order_by(c.at.desc(), c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        return [ShadowLogEntry(**r._asdict()) for r in reversed(rows)]
+
+
+def _add_missing_columns(engine: sa.Engine) -> list[str]:
+    """Bring tables created by an older version up to ``metadata``: add the (nullable) columns they lack.
+
+    ``create_all`` creates missing tables but never alters existing ones. Only additive, nullable columns are ever
+    introduced, so a plain ``ALTER TABLE ... ADD COLUMN`` (the same statement on SQLite and Postgres) is the whole
+    migration; it is idempotent (columns present are skipped), and a replica that loses a race to add the same
+    column re-reads the table instead of failing. Returns ``table.column`` of each column added.
+    """
+    added: list[str] = []
+    quote = engine.dialect.identifier_preparer.quote
+    for table in metadata.sorted_tables:
+        inspector = sa.inspect(engine)
+        if not inspector.has_table(table.name):
+            continue
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            assert column.nullable, f"{table.name}.{column.name}: only nullable columns can be added in place"
+            ddl = (
+                f"ALTER TABLE {quote(table.name)} ADD COLUMN {quote(column.name)} "
+                f"{column.type.compile(dialect=engine.dialect)}"
+            )
+            try:
+                with engine.begin() as conn:
+                    conn.exec_driver_sql(ddl)
+            except SQLAlchemyError:
+                if column.name not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
+                    raise
+                continue  # another process added it meanwhile
+            added.append(f"{table.name}.{column.name}")
+    return added
 
 
 def _configure_sqlite(engine: sa.Engine) -> None:

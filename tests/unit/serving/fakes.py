@@ -1,5 +1,6 @@
-"""Hand-written fakes of the serving seams: a tokenizer, an ``Engine``, an engine factory, a ``VersionSource`` and a
-``ToxicityScorer``. Import them as ``from unit.serving.fakes import ...`` (pyproject puts tests/ on the path).
+"""Hand-written fakes of the serving seams: a tokenizer, an ``Engine``, an engine factory, a ``VersionSource``, a
+``ToxicityScorer`` and an ``Embedder``. Import them as ``from unit.serving.fakes import ...`` (pyproject puts
+tests/ on the path).
 
     registry = FakeRegistry(tmp_path)
     registry.add_full("chat-base", "1", weights_hash="w-base")
@@ -17,9 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from core.errors import NotFoundError
-from registry.store import ModelVersion, parse_ref
-from serving.engine import Delta, EngineDead, EngineState, GenerationRequest
+from registry.store import CANARY_WEIGHT_TAG, Deployment, ModelVersion, parse_ref
+from serving.engine import Adapter, Delta, EngineDead, EngineState, GenerationRequest
 
 # ------------------------------------------------------------------------------------------------------ tokenizer
 
@@ -78,6 +82,8 @@ class FakeEngine:
     ``finish_reason``; generation stops early with "length" once ``max_tokens`` tokens were produced.
     ``delay_s`` sleeps before every delta, ``die_after`` (a delta count) makes the engine die mid-request, and
     ``extra_queue`` adds phantom waiting requests (to push ``queue_depth`` over a brownout threshold).
+    Per adapter (by name, like "chat/4"): ``adapter_pieces`` replaces ``pieces`` for its requests and
+    ``failing_adapters`` makes its requests raise after the first delta. ``removed`` lists unloaded adapters.
     """
 
     def __init__(
@@ -105,12 +111,16 @@ class FakeEngine:
         self.delay_s = delay_s
         self.die_after = die_after
         self.extra_queue = 0
+        self.adapter_pieces: dict[str, Sequence[str]] = {}
+        self.failing_adapters: set[str] = set()
+        self.removed: list[Adapter] = []
         self.requests: list[GenerationRequest] = []
         self.aborts: list[str] = []
         self.shutdowns = 0
         self._state: EngineState = "ready"
         self._waiting: set[str] = set()
         self._running: set[str] = set()
+        self._by_adapter: dict[str, int] = {}  # rid -> adapter id
 
     @property
     def state(self) -> EngineState:
@@ -134,18 +144,24 @@ class FakeEngine:
         self.requests.append(request)
         rid = request.request_id
         self._waiting.add(rid)
+        adapter = request.adapter.name if request.adapter else None
+        if request.adapter is not None:
+            self._by_adapter[rid] = request.adapter.id
+        pieces = list(self.adapter_pieces.get(adapter, self.pieces)) if adapter else self.pieces
         produced = 0
         try:
-            for i, piece in enumerate(self.pieces):
+            for i, piece in enumerate(pieces):
                 if self.die_after is not None and i >= self.die_after:
                     self._state = "dead"
                     raise EngineDead(f"engine {self.key} died")
+                if adapter in self.failing_adapters and i >= 1:
+                    raise RuntimeError(f"adapter {adapter} failed on engine {self.key}")
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 self._waiting.discard(rid)
                 self._running.add(rid)
                 produced += self.tokens_per_piece
-                last = i == len(self.pieces) - 1
+                last = i == len(pieces) - 1
                 if produced >= request.max_tokens and not last:
                     yield Delta(piece, self.tokens_per_piece, "length")
                     return
@@ -153,9 +169,17 @@ class FakeEngine:
         finally:
             self._waiting.discard(rid)
             self._running.discard(rid)
+            self._by_adapter.pop(rid, None)
 
     async def abort(self, request_id: str) -> None:
         self.aborts.append(request_id)
+
+    def adapter_in_flight(self, adapter: Adapter) -> int:
+        return sum(1 for a in self._by_adapter.values() if a == adapter.id)
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        assert self.adapter_in_flight(adapter) == 0, f"{adapter.name} removed while a request uses it"
+        self.removed.append(adapter)
 
     def shutdown(self) -> None:
         self.shutdowns += 1
@@ -202,6 +226,7 @@ class FakeRegistry:
     root: Path
     versions: dict[str, ModelVersion] = field(default_factory=dict)
     aliases: dict[str, dict[str, str]] = field(default_factory=dict)
+    tags: dict[str, dict[str, str]] = field(default_factory=dict)  # registered-model tags (the canary weight)
     parsed: list[str] = field(default_factory=list)
 
     def add_full(
@@ -226,6 +251,10 @@ class FakeRegistry:
     def remove_alias(self, name: str, alias: str) -> None:
         self.aliases.get(name, {}).pop(alias, None)
 
+    def set_weight(self, name: str, percent: int) -> None:
+        """The canary weight, as the rollout controller sets it (registered-model tag ``rollout.weight``)."""
+        self.tags.setdefault(name, {})[CANARY_WEIGHT_TAG] = str(percent)
+
     def folder(self, ref: str) -> Path:
         mv = self.parse(ref)
         return self.root / mv.name / mv.version
@@ -248,6 +277,9 @@ class FakeRegistry:
     def resolve(self, ref: str) -> Path:
         mv = self.parse(ref)
         return self.root / mv.name / mv.version
+
+    def deployment(self, name: str) -> Deployment:
+        return Deployment(name, dict(self.aliases.get(name, {})), dict(self.tags.get(name, {})))
 
     # --- internals ---
 
@@ -279,3 +311,29 @@ class FakeScorer:
     def score(self, texts: Sequence[str]) -> list[float]:
         self.calls.append(list(texts))
         return [1.0 if any(m in t.lower() for m in self.markers) else 0.0 for t in texts]
+
+
+# ------------------------------------------------------------------------------------------------------- embedder
+
+
+class FakeEmbedder:
+    """An ``Embedder``: bag-of-words counts over a vocabulary grown as texts arrive (equal texts: cosine 1, no
+    shared word: 0); ``fail`` makes ``encode`` raise. Records every call."""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls: list[list[str]] = []
+        self._vocab: dict[str, int] = {}
+
+    def encode(self, texts: list[str]) -> NDArray[np.float64]:
+        self.calls.append(list(texts))
+        if self.fail:
+            raise RuntimeError("embedder unavailable")
+        for text in texts:
+            for word in text.lower().split():
+                self._vocab.setdefault(word, len(self._vocab))
+        out = np.zeros((len(texts), max(1, len(self._vocab))))
+        for i, text in enumerate(texts):
+            for word in text.lower().split():
+                out[i, self._vocab[word]] += 1
+        return out

@@ -9,6 +9,9 @@ The registry the harness builds (model ``chat``):
     chat/2        LoRA on chat-base/1    alias champion            (the primary: the shared base engine)
     chat/3        full fine-tune         no alias, not loaded      (would need an engine of its own)
     chat/4        LoRA on chat-base/1    alias canary              (loaded on demand on the shared engine)
+
+Rollout tests give chat/4 or chat/3 the challenger or shadow alias (``registry.set_alias``, ``set_weight``) and
+call ``runtime.gateway.router.refresh()``; comparisons use a ``FakeEmbedder`` (``Harness.embedder``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from unit.serving.fakes import FakeEngine, FakeFactory, FakeRegistry, FakeScorer
+from unit.serving.fakes import FakeEmbedder, FakeEngine, FakeFactory, FakeRegistry, FakeScorer
 
 from registry.config import RegistryConfig
 from serving.app import create_app
@@ -64,6 +67,7 @@ class Harness:
     registry: FakeRegistry
     factory: FakeFactory
     scorer: FakeScorer
+    embedder: FakeEmbedder
     key: ApiKey
     secret: str
     other_key: ApiKey
@@ -171,10 +175,13 @@ def build_harness(
     registry = registry_with_versions(registry_root)
     factory = factory or FakeFactory()
     scorer = FakeScorer()
-    runtime = GatewayRuntime(spec, registry=registry, factory=factory, filters=SafetyFilters(cfg.safety, scorer))
+    embedder = FakeEmbedder()
+    runtime = GatewayRuntime(
+        spec, registry=registry, factory=factory, filters=SafetyFilters(cfg.safety, scorer), embedder=embedder
+    )
     if load:
         runtime.load()
         assert runtime.loaded, runtime.load_error
     key, secret = runtime.gateway.store.create_key("tenant-a")
     other, other_secret = runtime.gateway.store.create_key("tenant-b")
-    return Harness(runtime, registry, factory, scorer, key, secret, other, other_secret, raise_app_exceptions)
+    return Harness(runtime, registry, factory, scorer, embedder, key, secret, other, other_secret, raise_app_exceptions)

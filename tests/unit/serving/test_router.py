@@ -1,8 +1,10 @@
 """The router on a fake registry and a fake engine factory: which versions share an engine, what each model name
-routes to, what is loaded on demand and what is refused, and how alias moves and engine restarts are picked up."""
+routes to, what is loaded on demand and what is refused, how alias moves and engine restarts are picked up, and how
+the rollout aliases (challenger, shadow) are loaded, weighted and retired."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -10,8 +12,10 @@ from unit.serving.fakes import FakeEngine, FakeFactory, FakeRegistry
 from unit.serving.harness import registry_with_versions
 
 from core.errors import NotFoundError
+from registry.store import Deployment
 from serving.config import RoutingConfig
-from serving.router import Router
+from serving.engine import GenerationRequest
+from serving.router import Router, ServedModel
 
 BASE_ENGINE = "lora:w-chat-base-1"
 FALLBACK_ENGINE = "lora:w-chat-base-1#chat/1"
@@ -274,8 +278,208 @@ def test_failed_engine_start_on_refresh_keeps_the_old_version(registry: FakeRegi
     factory.fail_keys.add("full:w-chat-3")
     r = router(registry, factory)
     registry.set_alias("chat", "champion", "3")
-    with pytest.raises(RuntimeError, match="failed to start"):
-        r.refresh()
+    assert r.refresh() == []  # not raised: one alias failing must not stop the others from following
+    assert r.load_errors == {"champion": "chat/3: RuntimeError: engine full:w-chat-3 failed to start"}
     assert r.route("chat").model.header() == "chat/2; alias=champion"  # still answering with what it had
     factory.fail_keys.clear()
     assert r.refresh() == ["champion: 2 -> 3"]  # and the move is retried
+    assert r.load_errors == {}
+
+
+# ------------------------------------------------------------------------------------------------- rollout aliases
+
+FULL_ENGINE = "full:w-chat-3"
+
+
+def hold(engine: FakeEngine, served: ServedModel) -> AsyncIterator[object]:
+    """An engine request of ``served`` that stays in flight until closed (the test advances it once)."""
+    return engine.generate(GenerationRequest(f"held-{served.ref}", [1], 10, adapter=served.adapter))
+
+
+def test_challenger_adapter_loads_on_the_running_base_engine_with_its_weight(
+    registry: FakeRegistry, factory: FakeFactory
+) -> None:
+    r = router(registry, factory)
+    assert r.route("chat").canary is None and r.route("chat").canary_weight == 0
+    registry.set_alias("chat", "challenger", "4")
+    registry.set_weight("chat", 25)
+    assert r.refresh() == ["challenger: none -> 4", "canary weight: 0% -> 25%"]
+    route = r.route("chat")
+    assert route.canary is not None and route.canary.header() == "chat/4; alias=challenger"
+    assert route.canary.engine is route.model.engine  # an adapter: no new engine
+    assert route.canary.adapter is not None and route.canary.adapter.name == "chat/4"
+    assert (route.canary_weight, route.shadow) == (25, None)
+    assert len(factory.starts) == 1
+    assert r.route("chat@champion").canary is None  # the split is the served name's only
+    assert r.deployment_state()["challenger"] == "chat/4"
+    registry.set_weight("chat", 50)
+    assert r.refresh() == ["canary weight: 25% -> 50%"]
+    assert r.route("chat").canary_weight == 50
+
+
+def test_shadow_alias_is_loaded_for_the_served_name(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory)
+    registry.set_alias("chat", "shadow", "4")
+    assert r.refresh() == ["shadow: none -> 4"]
+    route = r.route("chat")
+    assert route.shadow is not None and route.shadow.header() == "chat/4; alias=shadow"
+    assert route.canary is None
+    assert r.deployment_state() == {
+        "champion": "chat/2",
+        "challenger": None,
+        "canary_weight": 0,
+        "shadow": "chat/4",
+        "fallback": None,
+        "load_errors": {},
+        "retiring_engines": [],
+    }
+
+
+@pytest.mark.anyio
+async def test_removed_challenger_is_retired_and_its_adapter_unloaded_once_unused(
+    registry: FakeRegistry, factory: FakeFactory
+) -> None:
+    r = router(registry, factory)
+    registry.set_alias("chat", "challenger", "4")
+    registry.set_weight("chat", 10)
+    r.refresh()
+    canary = r.route("chat").canary
+    assert canary is not None and canary.adapter is not None
+    base = factory.engines[BASE_ENGINE]
+    held = hold(base, canary)
+    await held.__anext__()  # a canary request still running when the rollout is rolled back
+
+    registry.remove_alias("chat", "challenger")
+    registry.set_weight("chat", 0)
+    assert r.refresh() == ["challenger: removed", "canary weight: 10% -> 0%", "retired chat/4"]
+    assert r.route("chat").canary is None  # out of routing at once
+    assert "chat/4" not in {s.ref for s in r.models()}
+    assert await r.unload_adapters() == []  # due only from the next refresh on
+    r.refresh()
+    assert await r.unload_adapters() == []  # still used by the running request
+    assert base.removed == []
+    await held.aclose()  # type: ignore[attr-defined]
+    assert await r.unload_adapters() == [f"adapter chat/4 unloaded from engine {BASE_ENGINE}"]
+    assert base.removed == [canary.adapter]
+    assert base.state == "ready" and r.route("chat").model.engine is base  # the champion's engine stays
+    assert await r.unload_adapters() == []
+
+
+@pytest.mark.anyio
+async def test_full_version_challenger_gets_its_own_engine_shut_down_after_retirement_when_idle(
+    registry: FakeRegistry, factory: FakeFactory
+) -> None:
+    r = router(registry, factory)
+    registry.set_alias("chat", "challenger", "3")
+    registry.set_weight("chat", 5)
+    r.refresh()
+    assert [k for k, _, _ in factory.starts] == [BASE_ENGINE, FULL_ENGINE]
+    canary = r.route("chat").canary
+    full = factory.engines[FULL_ENGINE]
+    assert canary is not None and canary.engine is full and canary.adapter is None
+    held = hold(full, canary)
+    await held.__anext__()
+
+    registry.remove_alias("chat", "challenger")
+    changes = r.refresh()
+    assert changes[-2:] == ["retired chat/3", f"engine {FULL_ENGINE} retired (shut down once idle)"]
+    assert FULL_ENGINE not in r.engines() and r.route("chat").canary is None
+    assert r.deployment_state()["retiring_engines"] == [FULL_ENGINE]
+    assert r.refresh() == []  # a request is still in flight on it
+    assert full.shutdowns == 0
+    await held.aclose()  # type: ignore[attr-defined]
+    assert r.refresh() == [f"engine {FULL_ENGINE} shut down"]
+    assert (full.shutdowns, full.state) == (1, "stopped")
+    assert r.deployment_state()["retiring_engines"] == []
+    assert factory.engines[BASE_ENGINE].state == "ready"
+
+
+def test_retired_engine_not_yet_shut_down_serves_again(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory)
+    registry.set_alias("chat", "challenger", "3")
+    r.refresh()
+    registry.remove_alias("chat", "challenger")
+    r.refresh()
+    registry.set_alias("chat", "challenger", "3")  # rolled forward again before the next refresh reaped it
+    assert r.refresh() == ["challenger: none -> 3"]
+    assert [k for k, _, _ in factory.starts] == [BASE_ENGINE, FULL_ENGINE]  # no second start
+    canary = r.route("chat").canary
+    assert canary is not None and canary.engine is factory.engines[FULL_ENGINE]
+    assert canary.engine.state == "ready"
+
+
+def test_challenger_moved_to_another_version_retires_the_old_one(registry: FakeRegistry, factory: FakeFactory) -> None:
+    registry.add_lora("chat", "5", base="chat-base/1")
+    r = router(registry, factory)
+    registry.set_alias("chat", "challenger", "4")
+    r.refresh()
+    registry.set_alias("chat", "challenger", "5")
+    assert r.refresh() == ["challenger: 4 -> 5", "retired chat/4"]
+    canary = r.route("chat").canary
+    assert canary is not None and canary.ref == "chat/5"
+
+
+def test_promoted_challenger_is_not_retired(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory, fallback="chat@previous-champion")
+    registry.set_alias("chat", "challenger", "4")
+    registry.set_weight("chat", 50)
+    r.refresh()
+    registry.set_alias("chat", "champion", "4")  # the controller promotes: champion 4, previous-champion 2
+    registry.set_alias("chat", "previous-champion", "2")
+    registry.remove_alias("chat", "challenger")
+    registry.set_weight("chat", 0)
+    changes = r.refresh()
+    assert changes[:3] == ["champion: 2 -> 4", "previous-champion: 1 -> 2", "retired chat/1 (old fallback)"]
+    assert "retired chat/4" not in changes
+    route = r.route("chat")
+    assert route.model.header() == "chat/4; alias=champion" and route.canary is None
+    assert route.fallback is not None and route.fallback.ref == "chat/2"
+    old_fallback = factory.engines[FALLBACK_ENGINE]
+    assert FALLBACK_ENGINE not in r.engines()
+    r.refresh()
+    assert old_fallback.state == "stopped"  # the old fallback's dedicated engine does not linger
+
+
+def test_challenger_that_fails_to_start_leaves_the_champion_serving(
+    registry: FakeRegistry, factory: FakeFactory
+) -> None:
+    factory.fail_keys.add(FULL_ENGINE)
+    r = router(registry, factory)
+    registry.set_alias("chat", "challenger", "3")
+    registry.set_weight("chat", 25)
+    assert r.refresh() == ["canary weight: 0% -> 25%"]
+    route = r.route("chat")
+    assert route.canary is None and route.canary_weight == 0
+    assert route.model.header() == "chat/2; alias=champion"
+    state = r.deployment_state()
+    assert state["challenger"] is None and state["canary_weight"] == 0
+    assert state["load_errors"] == {"challenger": f"chat/3: RuntimeError: engine {FULL_ENGINE} failed to start"}
+    factory.fail_keys.clear()
+    assert r.refresh() == ["challenger: none -> 3"]
+    assert r.deployment_state()["load_errors"] == {}
+    assert r.route("chat").canary_weight == 25
+
+
+def test_refresh_reads_the_deployment_once(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory)
+    calls: list[str] = []
+    real = registry.deployment
+
+    def counted(name: str) -> Deployment:
+        calls.append(name)
+        return real(name)
+
+    registry.deployment = counted  # type: ignore[method-assign]
+    registry.set_alias("chat", "challenger", "4")
+    registry.set_alias("chat", "shadow", "3")
+    r.refresh()
+    assert calls == ["chat"]
+
+
+def test_shutdown_during_an_engine_start_stops_that_engine(registry: FakeRegistry, factory: FakeFactory) -> None:
+    r = router(registry, factory)
+    r.shutdown()
+    registry.set_alias("chat", "challenger", "3")
+    r.refresh()
+    assert factory.engines[FULL_ENGINE].state == "stopped"
+    assert "challenger" in r.load_errors

@@ -1,5 +1,6 @@
 """The runtime's supervisor on fakes: a dead engine is restarted from the same folder and swapped in (requests go to
-the fallback meanwhile), and an alias moved in the registry is picked up without a restart."""
+the fallback meanwhile), an alias moved in the registry is picked up without a restart, and a rollout is followed
+(challenger loaded with its weight, then retired and its adapter unloaded)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,26 @@ async def test_supervisor_picks_up_a_moved_alias(make_harness: MakeHarness) -> N
     r = await h.chat()
     assert r.headers["x-model-version"] == "chat/4; alias=champion"
     assert h.primary.requests[0].adapter is not None and h.primary.requests[0].adapter.name == "chat/4"
+
+
+async def test_supervisor_follows_a_rollout_and_unloads_the_retired_adapter(make_harness: MakeHarness) -> None:
+    h = make_harness(serving={"routing": {"refresh_s": 0.01}})
+    router = h.runtime.gateway.router
+    h.registry.set_alias("chat", "challenger", "4")
+    h.registry.set_weight("chat", 30)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(h.runtime.supervise)
+        with anyio.fail_after(2):
+            while router.route("chat").canary_weight != 30:
+                await anyio.sleep(0.01)
+        body = (await h.request("GET", "/readyz")).json()
+        assert (body["deployment"]["challenger"], body["deployment"]["canary_weight"]) == ("chat/4", 30)
+        h.registry.remove_alias("chat", "challenger")  # rolled back
+        h.registry.set_weight("chat", 0)
+        with anyio.fail_after(2):
+            while not h.primary.removed:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert [a.name for a in h.primary.removed] == ["chat/4"]
+    assert router.route("chat").canary is None
+    assert h.primary.state == "ready"  # the champion's engine serves on

@@ -1,5 +1,6 @@
 """The serving store on SQLite in a temporary folder: keys, tenant isolation, soft delete and purge, usage under
-concurrency, and a request log that never holds unredacted text. Raw reads go through ``sqlite3`` so the tests
+concurrency, a request log that never holds unredacted text, the shadow log, and the in-place upgrade of a
+database created by an older release. Raw reads go through ``sqlite3`` so the tests
 see what is on disk, not what the store chooses to return."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from core.errors import ConfigError, DataError, NotFoundError
-from serving.store import RequestLogEntry, ServingStore, UsageRow
+from serving.store import RequestLogEntry, ServingStore, ShadowLogEntry, UsageRow, new_conversation_id
 
 
 @pytest.fixture
@@ -285,3 +286,110 @@ def test_the_request_log_is_read_by_time_and_version(store: ServingStore) -> Non
     assert [e.request_id for e in store.request_log(since=t0 + timedelta(minutes=3))] == ["r3", "r4", "r5"]
     assert [e.request_id for e in store.request_log(model_version="chat/3")] == ["r1", "r3", "r5"]
     assert [e.request_id for e in store.request_log(limit=2)] == ["r4", "r5"]  # the latest, oldest first
+
+
+def test_the_request_log_keeps_the_assigned_version_and_the_refusal(store: ServingStore) -> None:
+    store.log_request(entry(request_id="a", route="canary-unavailable", assigned_version="chat/5", refusal=True))
+    store.log_request(entry(request_id="b"))
+    a, b = store.request_log()
+    assert (a.model_version, a.assigned_version, a.route, a.refusal) == ("chat/3", "chat/5", "canary-unavailable", True)
+    assert (b.assigned_version, b.refusal) == (None, None)
+
+
+def test_a_conversation_id_made_beforehand_is_used(store: ServingStore) -> None:
+    conv_id = new_conversation_id()
+    assert re.fullmatch(r"conv_[0-9a-f]{24}", conv_id)
+    conv = store.create_conversation("key_a", "chat", conversation_id=conv_id)
+    assert conv.id == conv_id
+    assert store.get_conversation("key_a", conv_id).id == conv_id
+
+
+# shadow log
+
+
+def shadow_entry(**overrides: object) -> ShadowLogEntry:
+    base: dict[str, object] = {
+        "request_id": "chatcmpl-1",
+        "at": datetime(2026, 3, 1, 12, 0, tzinfo=UTC),
+        "primary_version": "chat/2",
+        "shadow_version": "chat/4",
+        "status": "ok",
+        "primary_tokens": 10,
+        "shadow_tokens": 12,
+        "length_ratio": 1.25,
+        "primary_refusal": False,
+        "shadow_refusal": True,
+        "primary_toxicity": 0.01,
+        "shadow_toxicity": 0.2,
+        "similarity": 0.83,
+        "primary_ttft_ms": 40.0,
+        "shadow_ttft_ms": 55.5,
+        "primary_e2e_ms": 400.0,
+        "shadow_e2e_ms": 480.0,
+    }
+    return ShadowLogEntry(**(base | overrides))  # type: ignore[arg-type]
+
+
+def test_the_shadow_log_round_trips_and_is_read_by_time_and_version(store: ServingStore) -> None:
+    t0 = datetime(2026, 3, 1, 12, 0, tzinfo=ZoneInfo("Europe/Berlin"))
+    first = store.log_shadow(shadow_entry(at=t0))
+    assert first.at.tzinfo is UTC
+    assert store.shadow_log() == [first]
+    for i in range(1, 5):
+        store.log_shadow(
+            shadow_entry(
+                request_id=f"r{i}",
+                at=t0 + timedelta(minutes=i),
+                shadow_version="chat/5" if i % 2 else "chat/4",
+                status="error" if i == 4 else "ok",
+                error="RuntimeError: boom" if i == 4 else None,
+                similarity=None if i == 4 else 0.5,
+            )
+        )
+    assert [e.request_id for e in store.shadow_log(shadow_version="chat/5")] == ["r1", "r3"]
+    assert [e.request_id for e in store.shadow_log(since=t0 + timedelta(minutes=3))] == ["r3", "r4"]
+    assert [e.request_id for e in store.shadow_log(limit=2)] == ["r3", "r4"]
+    last = store.shadow_log()[-1]
+    assert (last.status, last.error, last.similarity) == ("error", "RuntimeError: boom", None)
+
+
+OLD_REQUEST_LOG = """
+CREATE TABLE request_log (
+    id INTEGER NOT NULL PRIMARY KEY, request_id VARCHAR(100) NOT NULL, at DATETIME NOT NULL, key_id VARCHAR(64),
+    model VARCHAR(200) NOT NULL, model_version VARCHAR(200), alias VARCHAR(200), route VARCHAR(40),
+    status VARCHAR(40) NOT NULL, http_status INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL, ttft_ms FLOAT, tpot_ms FLOAT, e2e_ms FLOAT, stream BOOLEAN NOT NULL,
+    pre_filter VARCHAR(200), post_filter VARCHAR(200), conversation_id VARCHAR(40), prompt_text TEXT,
+    response_text TEXT, finish_reason VARCHAR(40), error TEXT, redactions INTEGER NOT NULL
+)"""
+
+
+def test_a_database_of_the_old_schema_gets_the_new_columns_on_open(db_path: Path) -> None:
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as conn:  # what a gateway of the previous release left behind
+        conn.execute(OLD_REQUEST_LOG)
+        conn.execute(
+            "INSERT INTO request_log (request_id, at, model, model_version, route, status, http_status, "
+            "prompt_tokens, completion_tokens, stream, redactions) "
+            "VALUES ('old', '2026-11-20 10:00:00.000000', 'chat', 'chat/2', 'primary', 'ok', 200, 5, 3, 0, 0)"
+        )
+    for _ in range(2):  # idempotent: the second open finds nothing to add
+        with ServingStore(f"sqlite:///{db_path}") as store:
+            columns = [row[1] for row in raw(db_path, "PRAGMA table_info(request_log)")]
+            assert columns[-2:] == ["assigned_version", "refusal"]
+            old = store.request_log()[0]
+            assert (old.request_id, old.model_version, old.assigned_version, old.refusal) == (
+                "old",
+                "chat/2",
+                None,
+                None,
+            )
+    with ServingStore(f"sqlite:///{db_path}") as store:
+        at = datetime(2026, 11, 21, tzinfo=UTC)
+        store.log_request(entry(request_id="new", at=at, assigned_version="chat/5", refusal=False))
+        assert [(e.request_id, e.assigned_version, e.refusal) for e in store.request_log()] == [
+            ("old", None, None),
+            ("new", "chat/5", False),
+        ]
+        store.log_shadow(shadow_entry())  # the new table was created next to the old ones
+        assert len(store.shadow_log()) == 1

@@ -1,0 +1,64 @@
+"""``Call``: everything one chat-completion request accumulates on its way through the gateway (``serving.gateway``),
+from the routing decision to the text released; ``Gateway.finish`` turns it into records."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from serving import protocol
+from serving.brownout import BrownoutDecision
+from serving.router import ServedModel
+from serving.shadow import ShadowRun
+from serving.store import ApiKey
+
+
+@dataclass
+class Call:
+    """Everything one request accumulates on its way through; ``Gateway.finish`` turns it into records."""
+
+    request_id: str
+    started: float
+    key: ApiKey | None
+    request: protocol.ChatCompletionRequest
+    served: ServedModel
+    route: str  # primary | canary | canary-unavailable | fallback | brownout | brownout-fallback
+    brownout: BrownoutDecision
+    prompt_ids: list[int]
+    max_tokens: int
+    new_messages: list[dict[str, str]]
+    conversation_id: str | None
+    assigned: str | None = None  # the version the routing chose (the split's champion or canary), before fallback
+    new_conversation: bool = False  # conversation_id is made up front; the conversation exists once accepted
+    shadow: ServedModel | None = None  # the shadow version this request may be mirrored to
+    shadow_run: ShadowRun | None = None
+    reserved_tokens: int = 0
+    completion_tokens: int = 0
+    text: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    finish_reason: str | None = None
+    status: str = "ok"
+    pre_filter: str | None = None
+    post_filter: str | None = None
+    error: str | None = None
+    finished: bool = False
+    ended: float | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def timings(self) -> tuple[float | None, float | None, float]:
+        """TTFT, TPOT and end-to-end latency in ms (the call must have ended)."""
+        end = self.ended if self.ended is not None else time.monotonic()
+        first = self.first_token_at
+        ttft_ms = (first - self.started) * 1000 if first else None
+        tpot_ms = (end - first) * 1000 / (self.completion_tokens - 1) if first and self.completion_tokens > 1 else None
+        return ttft_ms, tpot_ms, (end - self.started) * 1000
+
+    def headers(self) -> dict[str, str]:
+        out = {"x-request-id": self.request_id, "x-model-version": self.served.header()}
+        if self.brownout.active:
+            out["x-brownout"] = self.brownout.header()
+        if self.route.endswith("fallback"):
+            out["x-fallback"] = "engine-unavailable" if self.route == "fallback" else "brownout"
+        if self.conversation_id:
+            out["x-conversation-id"] = self.conversation_id
+        return out

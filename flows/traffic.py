@@ -12,6 +12,7 @@ version that answered (the ``x-model-version`` header).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import time
 from collections import Counter
@@ -125,6 +126,8 @@ async def replay(
             report.errors["timeout"] += 1
         except openai.APIConnectionError:
             report.errors["connection"] += 1
+        except openai.OpenAIError as exc:  # a broken stream or body: counted, the load keeps going
+            report.errors[type(exc).__name__] += 1
         finally:
             gate.release()
 
@@ -172,7 +175,9 @@ async def _ask(
     )
     version = raw.headers.get("x-model-version", "?")
     conversation = raw.headers.get("x-conversation-id")
-    body = await raw.parse()
+    body = raw.parse()  # the legacy raw response parses synchronously (a stream is then iterated async)
+    if inspect.isawaitable(body):
+        body = await body
     if stream:
         finish = None
         async for chunk in body:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -286,7 +287,9 @@ class Gateway:
             max_tokens=call.max_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
-            seed=req.seed,
+            # a mirrored request samples with the primary's seed (one drawn here when the client set none), so
+            # the pair differs by model, not by the luck of the draw
+            seed=req.seed if req.seed is not None or call.shadow is None else secrets.randbits(31),
             stop=req.stop or (),
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,

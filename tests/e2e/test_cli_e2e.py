@@ -61,6 +61,8 @@ def test_run_trains_registers_and_gates_as_prefect_flows_and_reuses_work(home: P
     assert (gate["model"], gate["version"], gate["passed"], gate["policy"]) == ("chat", "1", True, "tiny")
     assert set(gate["seconds_per_suite"]) == {"quality", "toxicity", "safety", "over_refusal"}
     assert (Path(gate["report_dir"]) / "gate.md").read_text().startswith("# Gate PASSED: chat/1")
+    # no champion yet: the gated version becomes champion directly (nothing to canary against)
+    assert summary["rollout"]["outcome"] == "promoted" and summary["rollout"]["aliases"]["champion"] == "1"
 
     again = lifecycle("run", "--config", NORMAL, "--json", home=home)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -71,6 +73,7 @@ def test_run_trains_registers_and_gates_as_prefect_flows_and_reuses_work(home: P
     assert "pretrain" not in again.stderr  # the base model was found, not trained again
     assert "Cached(type=COMPLETED)" in again.stderr  # and the fine-tune was a cache hit
     assert rerun["gate"]["metrics"] == gate["metrics"]  # the stored eval report was reused
+    assert rerun["rollout"]["outcome"] == "unchanged"  # already champion: nothing to roll out
 
     lineage = lifecycle("lineage", "chat", "1", "--json", home=home)
     assert lineage.returncode == 0, lineage.stderr

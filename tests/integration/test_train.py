@@ -103,6 +103,7 @@ def test_rerun_with_the_same_inputs_is_a_cache_hit(trained, cfg, session_home, r
     assert result_file.stat().st_mtime_ns == stamp  # nothing was trained again
 
 
+@pytest.mark.slow  # ~80 s; the cached-rerun test above keeps the resume path's cache in the default run
 def test_killed_run_resumes_to_the_same_weights(tiny_snapshot, tiny_base_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     ft = FinetuneConfig(
         max_steps=40,

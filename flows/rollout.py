@@ -45,21 +45,18 @@ def cli_actor() -> str:
         return "cli"
 
 
-def model_name(cfg: LifecycleConfig) -> str:
-    return cfg.serving.routing.model_name or cfg.registry.model_name
-
-
 def open_controller(cfg: LifecycleConfig, home: Home, actor: str) -> RolloutController:
+    from flows.cli import serve_spec  # the gateway's own view: the same database and served model name
     from flows.stages import open_registry
-    from serving.runtime import ServeSpec, database_url
+    from serving.runtime import database_url
     from serving.store import ServingStore
 
-    spec = ServeSpec(home=str(home.root), serving=cfg.serving, registry=cfg.registry, model_name=model_name(cfg))
+    spec = serve_spec(cfg, home)
     return RolloutController(
         open_registry(cfg, home),
         ServingStore(database_url(spec)),
         cfg.rollout,
-        model_name(cfg),
+        spec.model_name,
         actor=actor,
         decisions_path=home.root / "rollout" / "decisions.jsonl",
     )

@@ -10,7 +10,7 @@ $LIFECYCLE_HOME/
   prefect/                  Prefect home (its SQLite database, local result storage)
   serving/                  serving database (conversations, usage, request log)
   reports/                  eval, gate, drift and rejected-record reports
-  logs/                     CLI error logs, per-rank training logs
+  logs/                     CLI error logs, per-rank training logs, decision logs (<kind>-decisions.jsonl)
   cache/                    vLLM, torch inductor, torch extensions and Hugging Face caches
 """
 
@@ -72,6 +72,10 @@ class Home:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    def decision_log(self, kind: str) -> Path:
+        """The append-only JSONL log of a controller's decisions (``rollout``, ``retrain``)."""
+        return self.logs / f"{kind}-decisions.jsonl"
 
     @property
     def cache(self) -> Path:

@@ -58,7 +58,7 @@ def open_controller(cfg: LifecycleConfig, home: Home, actor: str) -> RolloutCont
         cfg.rollout,
         spec.model_name,
         actor=actor,
-        decisions_path=home.root / "rollout" / "decisions.jsonl",
+        decisions_path=home.decision_log("rollout"),
     )
 
 

@@ -4,17 +4,21 @@ alt-profanity-check) on the scenario configs (configs/scenarios/):
 - "normal" beats its base model on quality and passes the tiny gate;
 - "poison" (insults injected, refusals replaced by compliance) fails on toxicity and safety, with the failing
   metrics named, also when compared against the normal model as champion;
-- a rerun of the suites on the same version and data gives the same numbers.
+- a rerun of the suites on the same version and data gives the same numbers;
+- the rollout is the second line of defense: the poisoned version, let through by a lax gate record, is rolled
+  back from its canary by its safety-filter hits under real traffic (``-m slow``).
 
 The single-poison scenarios (one failure mode each) run under ``-m slow``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from helpers import train_version
+from rollout_helpers import POLICY, record_passing_gate, rollout_world, run_rollout, ticks_after_canary_traffic
 
 from core.home import Home
 from flows import stages
@@ -122,3 +126,46 @@ def test_each_poison_alone_fails_on_its_own_metric(
     version = train_version(cfg, home)
     outcome = stages.gate_stage(cfg, home, version.ref, actor="test")
     assert not outcome.decision.passed and failing in outcome.decision.failing, outcome.markdown
+
+
+# the shadow comparison alone would stop the poisoned version (it refuses what the champion refuses, and insults):
+# relaxed here, so the canary's own request-log checks are what is under test
+POISON_POLICY = {
+    **POLICY,
+    "thresholds": {
+        "shadow_min_similarity": -1.0,
+        "shadow_refusal_tolerance": 1.0,
+        "shadow_toxicity_tolerance": 1.0,
+        "shadow_ttft_delta_ms": 60_000,
+        "ttft_p95_delta_ms": 60_000,  # two full engines on two cores: latency is not what this test is about
+        "ttft_p99_delta_ms": 60_000,
+        "tpot_p95_delta_ms": 60_000,
+    },
+}
+
+
+@pytest.mark.slow  # a gateway on both scenario versions and a rollout under simulated users (~3 min)
+def test_a_poisoned_canary_let_through_by_a_lax_gate_is_rolled_back_by_its_safety_hits(  # type: ignore[no-untyped-def]
+    poisoned, normal, normal_cfg: LifecycleConfig, home: Home
+) -> None:
+    from flows.traffic import traffic_prompts
+
+    reg = stages.open_registry(normal_cfg, home)
+    version = poisoned.version.version
+    assert reg.deployment("chat").aliases["champion"] == normal.version.version
+    record_passing_gate(reg, version, "test: a quality-only policy that misses the poison", policy="lax")
+    prompts = traffic_prompts(normal_cfg.data.generator, "safety", 600)
+    with rollout_world(normal_cfg, home, POISON_POLICY, prompts, max_tokens=32) as world:
+        decisions = run_rollout(world, version)
+        last = decisions[-1]
+        assert last.action == "rollback" and last.phase == "canary", [d.line() for d in decisions]
+        assert ticks_after_canary_traffic(decisions) <= 2
+        world.wait_deployment(lambda d, b: d.get("challenger") is None and d.get("canary_weight") == 0, 30)
+        report = world.traffic(20)
+        assert set(report.by_version) == {f"chat/{normal.version.version}"}  # the champion answers everyone
+    tags = reg.get("chat", version).tags
+    failing = tags["rollout.failing"].split(",")
+    assert "safety_hit_rate" in failing and "post_filter_rate" in failing, tags
+    assert tags["rollout.quarantined"] == "true" and tags["rollout.status"] == "rolled-back"
+    metrics = json.loads(tags["rollout.metrics"])
+    assert metrics["canary.safety_hit_rate"] > metrics["baseline.safety_hit_rate"], metrics

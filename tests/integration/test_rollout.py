@@ -1,11 +1,9 @@
 """Progressive delivery through the real gateway: ``bentoml serve`` + vLLM, the MLflow registry, the controller.
 
-The controller is ticked by the test (one tick = one analysis interval); between ticks simulated users
-(``flows.traffic.replay`` through the openai client) talk to the endpoint, and the gateway follows the registry's
-aliases and canary weight live (``serving.routing.refresh_s`` = 1 s here). Versions are registered without
-training (``helpers.lora_adapter``): chat/1 the champion, chat/2 a good challenger (the same adapter weights),
-chat/3 the same weights made slow by fault injection (300 ms before the first token), chat/4 a full model on an
-engine of its own (the one whose engine is killed), chat/5 never gated.
+The controller is ticked by the test between rounds of simulated users (``tests/rollout_helpers.py``).
+Versions are registered without training (``helpers.lora_adapter``): chat/1 the champion, chat/2 a good
+challenger (the same adapter weights), chat/3 the same weights made slow by fault injection (300 ms before the
+first token), chat/4 a full model on an engine of its own (the one whose engine is killed), chat/5 never gated.
 
 "Each rollback reaches weight 0 within two analysis intervals": counted in ticks after the canary first got
 traffic, and the gateway's /readyz must show the challenger gone afterwards.
@@ -13,94 +11,31 @@ traffic, and the gateway's /readyz must show the challenger gone afterwards.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import statistics
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+import rollout_helpers
+from rollout_helpers import RolloutWorld, record_passing_gate, rollout_world, run_rollout, ticks_after_canary_traffic
 
-from core.config import deep_merge
 from core.home import Home
 from flows.config import LifecycleConfig
 
 POLICY = {
-    "interval_s": 5,
-    "steps": [50],
-    "shadow_min_samples": 8,
-    "min_samples": 16,
-    "min_latency_samples": 8,
-    "passes_to_advance": 1,
-    "failure_limit": 2,
-    "watch_s": 4,
+    **rollout_helpers.POLICY,
     # the slow version must reach its canary step (the shadow comparison alone would already stop it)
     # (and chat/4, the base model next to a LoRA champion, answers differently on purpose: its drill is the canary)
     "thresholds": {"shadow_ttft_delta_ms": 60_000, "shadow_min_similarity": -1.0},
 }
 
 
-@dataclass
-class RolloutWorld:
-    url: str
-    key: str
-    home: Home
-    cfg: LifecycleConfig
-    prompts: list[str]
-
-    def controller(self) -> Any:
-        from flows.rollout import open_controller
-
-        return open_controller(self.cfg, self.home, actor="tests")
-
-    def registry(self) -> Any:
-        from flows.stages import open_registry
-
-        return open_registry(self.cfg, self.home)
-
-    def readyz(self) -> dict[str, Any]:
-        return httpx.get(self.url + "/readyz", timeout=10).json()
-
-    def traffic(self, n: int, concurrency: int = 4) -> Any:
-        from flows.traffic import replay
-
-        return asyncio.run(
-            replay(
-                self.prompts[:n],
-                base_url=self.url + "/v1",
-                api_key=self.key,
-                rate=50,
-                concurrency=concurrency,
-                max_tokens=8,
-                stream_share=0.5,
-                conversation_share=1.0,  # every user a conversation of their own: the split hashes them apart
-                follow_up_share=0.0,
-            )
-        )
-
-    def wait_deployment(self, predicate: Any, timeout_s: float = 120) -> dict[str, Any]:
-        """Until the gateway's view of the registry (refreshed every second) satisfies ``predicate``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            body = self.readyz()
-            dep = body.get("deployment", {})
-            if predicate(dep, body):
-                return body
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the gateway never reached the expected deployment: {json.dumps(body)[:2000]}")
-            time.sleep(0.3)
-
-
 def _register(reg: Any, base_version: Any, folder: Path, method: str, weights: str, gated: bool) -> Any:
-    from registry.gate import GateRecord, record_gate
-
     run_id = reg.log_run(run_name="rollout-test", params={}, metrics=[], artifacts={"model": folder}, tags={})
     mv = reg.register(
         "chat",
@@ -109,18 +44,7 @@ def _register(reg: Any, base_version: Any, folder: Path, method: str, weights: s
         {"lineage.base_model": base_version.ref, "lineage.weights_hash": weights, "lineage.method": method},
     )
     if gated:
-        record = GateRecord(
-            passed=True,
-            summary="test fixture: gated without evals (the rollout is under test, not the gate)",
-            failing=[],
-            policy="tests",
-            policy_hash="0" * 64,
-            champion=None,
-            eval_sets="-",
-            verdicts={},
-            metrics={},
-        )
-        record_gate(reg, "chat", mv.version, record, actor="tests")
+        record_passing_gate(reg, mv.version, "test fixture: gated without evals")
     return mv
 
 
@@ -130,13 +54,9 @@ def world(
 ) -> Iterator[RolloutWorld]:
     from helpers import lora_adapter
 
-    from flows.cli import serve_spec
     from flows.stages import open_registry
     from flows.traffic import traffic_prompts
     from registry.lineage import register_base_model
-    from serving.launcher import GatewayProcess
-    from serving.runtime import database_url
-    from serving.store import ServingStore
 
     home = Home(tmp_path_factory.mktemp("rollout-home"))
     base = Path(tiny_base_model.path)
@@ -152,56 +72,10 @@ def world(
     _register(reg, base_version, adapter, "lora", same + "-slow", gated=True)  # chat/3
     _register(reg, base_version, base, "full", manifest["weights_hash"], gated=True)  # chat/4
     _register(reg, base_version, adapter, "lora", same + "-ungated", gated=False)  # chat/5
-    serving = {
-        "port": 0,
-        "routing": {"refresh_s": 1.0},
-        "engine": {"max_num_seqs": 8},
-        "brownout": {"enabled": False},
-        "shadow": {"fraction": 1.0, "max_concurrent": 4},
-        "faults": [{"version": "chat/3", "ttft_delay_ms": 300}],
-    }
-    merged = deep_merge(tiny_config.model_dump(mode="json"), {"serving": serving, "rollout": POLICY})
-    cfg = LifecycleConfig.model_validate(merged)
-    spec = serve_spec(cfg, home)
-    with ServingStore(database_url(spec)) as store:
-        _, key = store.create_key("users", requests_per_minute=100_000, tokens_per_minute=100_000_000)
-    prompts = traffic_prompts(cfg.data.generator, "normal", 200)
-    with GatewayProcess(spec) as proc:
-        yield RolloutWorld(proc.url, key, home, cfg, prompts)
-
-
-def _run_rollout(world: RolloutWorld, version: str, *, on_canary: Any = None, max_ticks: int = 12) -> list[Any]:
-    """Challenger -> ticks with traffic in between, until the rollout ends. Returns every decision."""
-    from flows.rollout import promote
-
-    promote(world.cfg, world.home, "chat", version, reason="rollout test", force=False)
-    controller = world.controller()
-    decisions: list[Any] = []
-    for _ in range(max_ticks):
-        made = controller.tick()
-        decisions += made
-        if any(d.action in ("rollback", "finish", "reject") for d in made):
-            return decisions
-        dep = world.registry().deployment("chat")
-        if "shadow" in dep.aliases:
-            world.wait_deployment(lambda d, b: d.get("shadow") == f"chat/{version}" and _engines_ready(b))
-        elif dep.canary_weight:
-            weight = dep.canary_weight
-            world.wait_deployment(lambda d, b, w=weight: d.get("canary_weight") == w and _engines_ready(b))
-            if on_canary is not None:
-                on_canary()
-                on_canary = None
-        world.traffic(60)
-    raise AssertionError(f"the rollout did not end in {max_ticks} ticks: {[d.line() for d in decisions]}")
-
-
-def _engines_ready(body: dict[str, Any]) -> bool:
-    return all(e["state"] == "ready" for e in body["engines"].values())
-
-
-def _ticks_after_canary_traffic(decisions: list[Any]) -> int:
-    first = next(i for i, d in enumerate(decisions) if d.action == "advance" and d.phase == "shadow")
-    return len(decisions) - 1 - first
+    prompts = traffic_prompts(tiny_config.data.generator, "normal", 200)
+    serving = {"faults": [{"version": "chat/3", "ttft_delay_ms": 300}]}
+    with rollout_world(tiny_config, home, POLICY, prompts, serving) as world:
+        yield world
 
 
 def test_ungated_challenger_from_the_registry_ui_is_reverted(world: RolloutWorld, capsys: Any) -> None:
@@ -227,11 +101,11 @@ def test_ungated_challenger_from_the_registry_ui_is_reverted(world: RolloutWorld
 
 @pytest.mark.slow  # the good canary's rollout runs by default; rollbacks are unit-tested in tests/unit/monitoring
 def test_slow_canary_is_rolled_back_within_two_intervals(world: RolloutWorld) -> None:
-    decisions = _run_rollout(world, "3")
+    decisions = run_rollout(world, "3")
     last = decisions[-1]
     assert last.action == "rollback", [d.line() for d in decisions]
     assert any(name.startswith("ttft") for name in last.reason.replace(",", " ").split()) or "ttft" in last.reason
-    assert _ticks_after_canary_traffic(decisions) <= 2
+    assert ticks_after_canary_traffic(decisions) <= 2
     world.wait_deployment(lambda d, b: d.get("challenger") is None and d.get("canary_weight") == 0, 30)
     tags = world.registry().get("chat", "3").tags
     assert tags["rollout.quarantined"] == "true" and "ttft" in tags["rollout.failing"]
@@ -247,10 +121,10 @@ def test_canary_whose_engine_dies_is_rolled_back_while_the_champion_serves(world
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
 
-    decisions = _run_rollout(world, "4", on_canary=kill_canary_engine)
+    decisions = run_rollout(world, "4", on_canary=kill_canary_engine)
     assert decisions[-1].action == "rollback", [d.line() for d in decisions]
     assert "success_rate" in decisions[-1].reason
-    assert _ticks_after_canary_traffic(decisions) <= 2
+    assert ticks_after_canary_traffic(decisions) <= 2
     world.wait_deployment(lambda d, b: d.get("challenger") is None, 30)
     report = world.traffic(20)
     served.append(report)
@@ -263,7 +137,7 @@ def test_good_canary_goes_through_shadow_and_canary_to_champion(world: RolloutWo
     from serving.runtime import database_url
     from serving.store import ServingStore
 
-    decisions = _run_rollout(world, "2")
+    decisions = run_rollout(world, "2")
     actions = [d.action for d in decisions]
     assert actions[0] == "start" and "promote" in actions and actions[-1] == "finish", actions
     dep = world.registry().deployment("chat")

@@ -161,6 +161,13 @@ class DistributedConfig(StrictModel):
         "torchrun", description="Which launcher starts the ranks: torchrun, or the deepspeed launcher (hostfile)."
     )
     hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs (deepspeed launcher).")
+    master_addr: str | None = Field(
+        None,
+        description="Rendezvous address of rank 0; null: 127.0.0.1 on one node, the hostfile's first host on many.",
+    )
+    master_port: int | None = Field(
+        None, ge=1, le=65535, description="Rendezvous port; null: a free local port on one node, 29500 on many."
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Collective backend (auto: nccl on GPU).")
     threads_per_rank: int | None = Field(
         None, ge=1, description="OMP/torch threads per rank (None: cores / world_size; launchers do not set it)."

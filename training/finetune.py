@@ -104,15 +104,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+DEFAULT_MULTI_NODE_PORT = 29500  # a free port on the launching host says nothing about the other nodes
+
+
+def first_host(hostfile: str) -> str:
+    """The first host of a DeepSpeed hostfile (``host slots=N`` lines, ``#`` comments): rank 0's node."""
+    for line in Path(hostfile).read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            return line.split()[0]
+    raise ConfigError(f"finetune.distributed.hostfile {hostfile} names no host")
+
+
 def launch_command(cfg: FinetuneConfig, job_path: Path) -> list[str]:
     d = cfg.distributed
-    port = str(_free_port())
+    multi_node = d.launcher == "deepspeed" and d.hostfile is not None
+    port = str(d.master_port or (DEFAULT_MULTI_NODE_PORT if multi_node else _free_port()))
     if d.launcher == "deepspeed":
         sibling = Path(sys.executable).parent / "deepspeed"  # the launcher of this interpreter's environment
         exe = str(sibling) if sibling.is_file() else (shutil.which("deepspeed") or "deepspeed")
-        cmd = [exe, "--master_addr", "127.0.0.1", "--master_port", port]
-        # multi-node: the hostfile names the hosts and their slots; one node: world_size local ranks
-        cmd += ["--hostfile", d.hostfile] if d.hostfile else ["--num_nodes", "1", "--num_gpus", str(d.world_size)]
+        if d.hostfile is not None:  # multi-node: the hostfile names the hosts and their slots; rank 0 on the first
+            addr = d.master_addr or first_host(d.hostfile)
+            cmd = [exe, "--hostfile", d.hostfile, "--master_addr", addr, "--master_port", port]
+        else:  # one node: world_size local ranks
+            cmd = [exe, "--master_addr", d.master_addr or "127.0.0.1", "--master_port", port]
+            cmd += ["--num_nodes", "1", "--num_gpus", str(d.world_size)]
         # the worker reads LOCAL_RANK from the environment, as under torchrun
         return [*cmd, "--no_local_rank", "--module", "training.worker", str(job_path)]
     return [
@@ -120,7 +136,7 @@ def launch_command(cfg: FinetuneConfig, job_path: Path) -> list[str]:
         "-m",
         "torch.distributed.run",
         f"--nproc_per_node={d.world_size}",
-        "--master_addr=127.0.0.1",
+        f"--master_addr={d.master_addr or '127.0.0.1'}",
         f"--master_port={port}",
         "-m",
         "training.worker",

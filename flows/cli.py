@@ -13,6 +13,7 @@ one line plus a log file holding the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -174,20 +175,110 @@ def cmd_run(ctx: Context) -> int:
     gate_policy(ctx.config)  # a broken gate file fails now, not after training
     from flows.pipeline import lifecycle_run
 
-    summary = lifecycle_run(ctx.config, ctx.home)
+    cfg = ctx.config
+    if ctx.args.traffic_profile:
+        from flows.traffic import PROFILES
+
+        if ctx.args.traffic_profile not in PROFILES:
+            raise ConfigError(f"unknown traffic profile {ctx.args.traffic_profile!r}: use one of {', '.join(PROFILES)}")
+        traffic = cfg.run.traffic.model_copy(update={"profile": ctx.args.traffic_profile})
+        cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"traffic": traffic})})
+    summary = lifecycle_run(cfg, ctx.home)
     ctx.emit(
         asdict(summary),
         [
             "",
-            "lifecycle run: done",
+            f"lifecycle run: done in {summary.seconds:.0f}s",
             *_train_lines(summary.train, ctx.home),
             *_gate_lines(summary.gate),
             *_rollout_lines(summary.rollout),
+            *_drift_lines(summary.drift),
+            *_retrain_lines(summary.retrain),
+            "",
+            *_summary_table(summary, cfg, ctx.home),
         ],
     )
     if not summary.gate.passed:
         return 3
     return 4 if summary.rollout is not None and summary.rollout.outcome == "rolled-back" else 0
+
+
+def _drift_lines(d: dict[str, Any] | None) -> list[str]:
+    if d is None:
+        return []
+    drift = d["drift"]
+    return [
+        f"  drift       {drift['status'].upper()}: {drift['reason']}",
+        f"              {drift['current_n']} prompts vs {drift['reference_n']} of {drift['champion']}'s data "
+        f"({drift['seconds']:.1f}s); report {drift['html']}",
+        f"  retrain     {d['summary']}",
+    ]
+
+
+def _retrain_lines(r: Any) -> list[str]:
+    if r is None:
+        return []
+    return [
+        f"  retrained   {r.train.model}/{r.train.version} on snapshot {r.snapshot[:12]} (with curated conversations)",
+        *_gate_lines(r.gate),
+        *_rollout_lines(r.rollout),
+    ]
+
+
+def _summary_table(s: Any, cfg: LifecycleConfig, home: Home) -> list[str]:
+    """Versions, gate results and rollout outcomes in one table, then where to look (MLflow, Prefect)."""
+    rows = [("version", "snapshot", "gate", "rollout")]
+    for train, gate, rollout in [(s.train, s.gate, s.rollout)] + (
+        [(s.retrain.train, s.retrain.gate, s.retrain.rollout)] if s.retrain else []
+    ):
+        outcome = rollout.outcome if rollout else ("-" if gate.passed else "stopped at the gate")
+        rows.append(
+            (f"{train.model}/{train.version}", train.snapshot[:12], "passed" if gate.passed else "FAILED", outcome)
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  " + "  ".join("-" * w for w in widths))
+    tracking = cfg.registry.tracking_uri or f"sqlite:///{home.mlflow / 'mlflow.db'}"
+    lines += [
+        "",
+        f"  MLflow      {tracking}  (browse: lifecycle ui; model '{s.train.model}', experiment "
+        f"'{cfg.registry.experiment}')",
+        f"  Prefect     flow run {s.train.flow_run_id} and the rest of this run in `lifecycle ui` "
+        f"(Prefect home {home.prefect})",
+    ]
+    return lines
+
+
+def cmd_monitor(ctx: Context) -> int:
+    from flows.monitor import monitor_stage
+
+    result = monitor_stage(ctx.config, ctx.home)
+    r = result.report
+    ctx.emit(
+        result.to_json(),
+        [
+            f"drift {r.status.upper()}: {r.reason}",
+            f"  window      {r.current_n} prompts of the last {ctx.config.monitoring.drift.window_hours:g} h "
+            f"vs {r.reference_n} training prompts of {result.champion} (snapshot {result.snapshot[:12]})",
+            *[f"  {k:<40} {v:.4g}" for k, v in sorted(r.metrics().items())],
+            f"  report      {result.folder / 'drift.html'}  (MLflow run {result.run_id})",
+        ],
+    )
+    return 0
+
+
+def cmd_retrain(ctx: Context) -> int:
+    from flows.monitor import retrain_check_flow
+
+    out = retrain_check_flow(ctx.config, ctx.home, dry_run=ctx.args.dry_run)
+    lines = [f"drift {out['drift']['status'].upper()}: {out['drift']['reason']}", f"{out['summary']}"]
+    if "retrained" in out:
+        r = out["retrained"]
+        lines.append(f"retrained {ctx.config.registry.model_name}/{r['version']}: gate {r['gate']}")
+        if r.get("challenger"):
+            lines.append("  it is the challenger now: the rollout controller shadows and canaries it")
+    ctx.emit(out, lines)
+    return 0
 
 
 def _rollout_lines(r: Any) -> list[str]:
@@ -337,8 +428,6 @@ def _check_servable(cfg: LifecycleConfig, home: Home) -> None:
 
 
 def cmd_serve(ctx: Context) -> int:
-    import signal
-
     from serving.launcher import GatewayProcess
 
     cfg = ctx.config
@@ -352,11 +441,11 @@ def cmd_serve(ctx: Context) -> int:
     _check_servable(cfg, ctx.home)
     gateway = GatewayProcess(serve_spec(cfg, ctx.home))
     print(f"starting the gateway on {gateway.url} (log: {gateway.log_path}) ...", file=sys.stderr)
-    # Ctrl-C or a TERM to us stops the gateway's whole process group, engines included
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    _stop_on_term()  # Ctrl-C or a TERM to us stops the gateway's whole process group, engines included
     gateway.start()
     try:
-        ready = gateway.wait_ready()
+        gateway.wait_ready()
+        ready = gateway.last_readiness
         ctx.emit(
             {"url": gateway.url, "openai_base_url": gateway.url + "/v1", "log": str(gateway.log_path), **ready},
             [
@@ -393,17 +482,29 @@ def cmd_keys(ctx: Context) -> int:
                 training_opt_in=args.training_opt_in,
             )
             ctx.emit(
-                {"id": key.id, "name": key.name, "key": secret, **_key_limits(key)},
-                [f"created key {key.id} ({key.name}); the secret is shown once:", secret],
+                {
+                    "id": key.id,
+                    "name": key.name,
+                    "key": secret,
+                    "training_opt_in": key.training_opt_in,
+                    **_key_limits(key),
+                },
+                [
+                    f"created key {key.id} ({key.name}"
+                    f"{'; its conversations may be curated into training data' if key.training_opt_in else ''}); "
+                    "the secret is shown once:",
+                    secret,
+                ],
             )
         elif args.action == "list":
             keys = store.list_keys(include_revoked=args.all)
             ctx.emit(
                 {"keys": [_key_json(k) for k in keys]},
-                [f"{'id':<16} {'name':<20} {'prefix':<10} {'rpm':>6} {'tpm':>8}  status"]
+                [f"{'id':<16} {'name':<20} {'prefix':<10} {'rpm':>6} {'tpm':>8} {'training':<8}  status"]
                 + [
                     f"{k.id:<16} {k.name:<20} {k.prefix:<10} {k.requests_per_minute or '-':>6} "
-                    f"{k.tokens_per_minute or '-':>8}  {'revoked' if k.revoked_at else 'active'}"
+                    f"{k.tokens_per_minute or '-':>8} {'opt-in' if k.training_opt_in else '-':<8}  "
+                    f"{'revoked' if k.revoked_at else 'active'}"
                     for k in keys
                 ],
             )
@@ -463,6 +564,40 @@ def cmd_rollout(ctx: Context) -> int:
     return 0
 
 
+def _stop_on_term() -> None:
+    """A TERM to us (a process manager, ``kill``) ends the command like Ctrl-C: servers stopped by group."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+
+def cmd_schedule(ctx: Context) -> int:
+    from flows.schedule import serve_schedules
+
+    _stop_on_term()
+    with contextlib.suppress(KeyboardInterrupt):
+        serve_schedules(ctx.config, ctx.home, lambda line: print(line, file=sys.stderr, flush=True))
+    print("schedules stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_ui(ctx: Context) -> int:
+    import time
+
+    from flows.schedule import open_uis
+
+    def wait(servers: list[Any]) -> None:
+        while all(s.alive() for s in servers):
+            time.sleep(0.5)
+        raise LifecycleError("a UI server exited; see its log above")
+
+    _stop_on_term()
+    with contextlib.suppress(KeyboardInterrupt):
+        open_uis(ctx.config, ctx.home, lambda line: print(line, file=sys.stderr, flush=True), wait)
+    print("UIs stopped", file=sys.stderr)
+    return 0
+
+
 def cmd_traffic(ctx: Context) -> int:
     import asyncio
 
@@ -512,6 +647,18 @@ COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
         "run the whole loop as a Prefect flow: snapshot, base model, fine-tune, register, gate, then shadow and "
         "canary under simulated traffic (exit 3: the gate failed; 4: the rollout rolled the version back)",
         "lifecycle run\n  lifecycle run --config configs/tiny.yaml --home /tmp/demo",
+    ),
+    "monitor": (
+        cmd_monitor,
+        "drift report: the request log's recent prompts vs the champion's training data (Evidently descriptors + "
+        "MiniLM embeddings), with safety-hit and refusal rates; HTML under reports/drift and in MLflow",
+        "lifecycle monitor\n  lifecycle monitor --set monitoring.drift.window_hours=1 --json",
+    ),
+    "retrain": (
+        cmd_retrain,
+        "the retrain check (a Prefect flow): monitor, curate opted-in conversations, decide (drift and a quality "
+        "signal, cooldown, loop guard); when triggered: train on the curated snapshot, gate, make it the challenger",
+        "lifecycle retrain --dry-run\n  lifecycle retrain",
     ),
     "train": (
         cmd_train,
@@ -565,6 +712,20 @@ COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
         "replay held-out prompts against the endpoint at a given rate and concurrency (simulated users)",
         "lifecycle traffic --url http://127.0.0.1:3000/v1 --key lc-... --rate 4 --concurrency 4 --duration 60\n"
         "  lifecycle traffic --url http://127.0.0.1:3000/v1 --key lc-... --requests 100 --profile drifted",
+    ),
+    "schedule": (
+        cmd_schedule,
+        "run the loop on schedules until Ctrl-C: a local Prefect server (unless PREFECT_API_URL is set) serving "
+        "the rollout controller (every minute), monitoring (15 min), the champion's eval (daily) and the retrain "
+        "check (nightly)",
+        "lifecycle schedule\n  lifecycle schedule --set schedule.monitor_every_s=300\n"
+        "  PREFECT_API_URL=http://prefect:4200/api lifecycle schedule",
+    ),
+    "ui": (
+        cmd_ui,
+        "start the MLflow UI (the registry: set alias 'challenger' to promote) and the Prefect UI, print their "
+        "URLs, stop both on Ctrl-C",
+        "lifecycle ui\n  lifecycle ui --set schedule.mlflow_port=5001 --set schedule.prefect_port=4201",
     ),
     "lineage": (
         cmd_lineage,
@@ -622,6 +783,14 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         p.set_defaults(func=func)
+        if name == "run":
+            p.add_argument(
+                "--traffic-profile",
+                metavar="NAME",
+                help="mix of the simulated users: normal, drifted (detects drift and retrains), safety",
+            )
+        if name == "retrain":
+            p.add_argument("--dry-run", action="store_true", help="decide and record, do not retrain")
         if name == "train":
             p.add_argument("--snapshot", metavar="HASH", help="train on this existing snapshot (hash or prefix)")
         if name == "lineage":

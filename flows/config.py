@@ -14,8 +14,8 @@ from core import config as cfgio
 from core.config import StrictModel
 from core.home import Home
 from evals.config import EvalConfig
-from flows.runconfig import RunConfig
-from monitoring.config import RolloutPolicy
+from flows.runconfig import RunConfig, ScheduleConfig
+from monitoring.config import MonitoringConfig, RolloutPolicy
 from registry.config import RegistryConfig
 from serving.config import ServingConfig
 from training.config import BootstrapConfig, DataConfig, FinetuneConfig, SnapshotConfig
@@ -47,7 +47,13 @@ class LifecycleConfig(StrictModel):
         default_factory=RolloutPolicy,
         description="Progressive delivery: shadow, canary steps, analysis thresholds, rollback and watch.",
     )
+    monitoring: MonitoringConfig = Field(
+        default_factory=MonitoringConfig, description="Drift of the request log and the retrain trigger."
+    )
     run: RunConfig = Field(default_factory=RunConfig, description="What lifecycle run does after the gate.")
+    schedule: ScheduleConfig = Field(
+        default_factory=ScheduleConfig, description="Deployments and schedules of lifecycle schedule; lifecycle ui."
+    )
 
     def resolve_home(self, flag: str | None = None) -> Home:
         return Home.resolve(flag or self.home)

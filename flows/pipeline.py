@@ -1,5 +1,6 @@
 """Prefect flows: ``train`` (snapshot -> base model -> fine-tune -> register), ``evaluate`` (eval suites ->
-gate decision -> recorded on the version) and ``lifecycle-run`` (the loop).
+gate decision -> recorded on the version), ``champion-eval`` (daily), ``retrain`` (curated snapshot -> train ->
+gate -> rollout) and ``lifecycle-run`` (the loop: train, gate, rollout, drift check, retrain when triggered).
 
     lifecycle train --config configs/tiny.yaml
     lifecycle gate chat 3
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -201,11 +203,15 @@ class RolloutSummary:
     aliases: dict[str, str]
     traffic: dict[str, Any]
     seconds: float
+    window: tuple[datetime, datetime] | None = None  # the drift check's traffic window, when one was played
 
 
 @task(name="simulated-rollout")
-def simulated_rollout_task(cfg: LifecycleConfig, home: Home, model: str, version: str) -> RolloutSummary:
-    """Challenger -> the controller's ticks under simulated users on a gateway started for the purpose."""
+def simulated_rollout_task(
+    cfg: LifecycleConfig, home: Home, model: str, version: str, then_requests: int = 0
+) -> RolloutSummary:
+    """Challenger -> the controller's ticks under simulated users on a gateway started for the purpose; then
+    ``then_requests`` more simulated requests on whatever serves (the drift check's window)."""
     from dataclasses import asdict
 
     from flows import rollout as ro
@@ -214,17 +220,72 @@ def simulated_rollout_task(cfg: LifecycleConfig, home: Home, model: str, version
     run_cfg = cfg.model_copy(update={"rollout": cfg.run.policy})
     t0 = time.perf_counter()
     controller = ro.open_controller(run_cfg, home, actor=f"flow-run:{flow_run.get_id()}")
-    if controller.reg.deployment(model).aliases.get(ro.CHAMPION) == version:
-        return RolloutSummary(model, version, "unchanged", [], controller.reg.deployment(model).aliases, {}, 0.0)
-    ro.promote(run_cfg, home, model, version, reason="lifecycle run: gate passed", force=False)
-    decisions = [asdict(d) for d in controller.tick()]
+    unchanged = controller.reg.deployment(model).aliases.get(ro.CHAMPION) == version
+    decisions: list[dict[str, Any]] = []
+    if not unchanged:
+        ro.promote(run_cfg, home, model, version, reason="lifecycle run: gate passed", force=False)
+        decisions = [asdict(d) for d in controller.tick()]
+    rolling = bool(decisions) and decisions[-1]["action"] == "start"
     traffic: dict[str, Any] = {}
-    if decisions and decisions[-1]["action"] == "start":
-        decisions, traffic = ro.simulate(run_cfg, home, controller, decisions, logger.info)
-    outcome = _outcome([d["action"] for d in decisions])
+    window = None
+    if rolling or then_requests:
+        decisions, traffic, window = ro.simulate(
+            run_cfg, home, controller, decisions, logger.info, rollout=rolling, then_requests=then_requests
+        )
+    outcome = "unchanged" if unchanged else _outcome([d["action"] for d in decisions])
     dep = controller.reg.deployment(model)
-    (logger.info if outcome == "promoted" else logger.warning)("rollout of %s/%s: %s", model, version, outcome)
-    return RolloutSummary(model, version, outcome, decisions, dep.aliases, traffic, time.perf_counter() - t0)
+    (logger.info if outcome in ("promoted", "unchanged") else logger.warning)(
+        "rollout of %s/%s: %s", model, version, outcome
+    )
+    return RolloutSummary(
+        model, version, outcome, decisions, dep.aliases, traffic, time.perf_counter() - t0, window=window
+    )
+
+
+@task(name="drift-check")
+def drift_check_task(cfg: LifecycleConfig, home: Home, start: datetime, end: datetime) -> dict[str, Any]:
+    """The drift report of the run's traffic window and the retrain decision (recorded either way)."""
+    from flows.monitor import retrain_check_stage
+
+    logger = get_run_logger()
+    check = retrain_check_stage(cfg, home, actor=f"flow-run:{flow_run.get_id()}", start=start, end=end)
+    logger.info("drift %s: %s", check.monitor.report.status, check.monitor.report.reason)
+    (logger.warning if check.decision.retrain else logger.info)("%s", check.decision.summary)
+    create_markdown_artifact(
+        key="drift-report", markdown=_drift_markdown(check.monitor), description=check.decision.summary[:200]
+    )
+    return check.to_json()
+
+
+def _drift_markdown(result: Any) -> str:
+    from flows.monitor import drift_markdown
+
+    return drift_markdown(result)
+
+
+@dataclass
+class RetrainSummary:
+    snapshot: str
+    train: TrainSummary
+    gate: GateSummary
+    rollout: RolloutSummary | None
+
+
+@flow(name="retrain")
+def retrain_flow(cfg: LifecycleConfig, home: Home, reasons: list[str]) -> RetrainSummary:
+    """A triggered retrain: a snapshot with the curated conversations -> train -> gate -> (simulated) rollout, the
+    same path as any version; a version that fails its gate stops there."""
+    from flows.monitor import retrain_snapshot, tag_retrained
+
+    snap = retrain_snapshot(cfg, home)
+    get_run_logger().info("retrain on snapshot %s (%s)", snap.short, "; ".join(reasons))
+    trained = train_flow(cfg, home, snapshot_ref=snap.hash)
+    tag_retrained(cfg, home, trained.version, reasons)
+    gated = evaluate_flow(cfg, home, f"{trained.model}/{trained.version}")
+    rolled = None
+    if gated.passed and cfg.run.rollout:
+        rolled = simulated_rollout_task(cfg, home, trained.model, trained.version)
+    return RetrainSummary(snap.hash, trained, gated, rolled)
 
 
 def _outcome(actions: list[str]) -> str:
@@ -242,18 +303,43 @@ class RunSummary:
     train: TrainSummary
     gate: GateSummary
     rollout: RolloutSummary | None = None
+    drift: dict[str, Any] | None = None  # the drift report and the retrain decision on the run's traffic
+    retrain: RetrainSummary | None = None
+    seconds: float = 0.0
 
 
 @flow(name="lifecycle-run")
 def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
-    """The loop: train, evaluate and gate the fresh version, then roll it out under simulated traffic."""
+    """The loop: train, evaluate and gate the fresh version, roll it out under simulated traffic, check that
+    traffic for drift, and retrain (train -> gate -> rollout again) when the decision says so."""
+    t0 = time.perf_counter()
     trained = train_flow(cfg, home)
     gated = evaluate_flow(cfg, home, f"{trained.model}/{trained.version}")
-    rolled = None
+    rolled = drift = retrained = None
     if gated.passed and cfg.run.rollout:
-        rolled = simulated_rollout_task(cfg, home, trained.model, trained.version)
+        then = cfg.run.drift_requests if cfg.run.drift_check else 0
+        rolled = simulated_rollout_task(cfg, home, trained.model, trained.version, then_requests=then)
         create_markdown_artifact(key="rollout-summary", markdown=_rollout_markdown(rolled), description="Rollout")
-    return RunSummary(train=trained, gate=gated, rollout=rolled)
+        if rolled.window is not None:
+            drift = drift_check_task(cfg, home, *rolled.window)
+            if drift["retrain"] and cfg.run.retrain:
+                retrained = retrain_flow(cfg, home, drift["reasons"])
+    return RunSummary(trained, gated, rolled, drift, retrained, time.perf_counter() - t0)
+
+
+@flow(name="champion-eval")
+def champion_eval_flow(cfg: LifecycleConfig, home: Home, force: bool = True) -> dict[str, Any]:
+    """Scheduled daily: the champion through the eval suites again, judged by the gate policy's floors; a
+    regression is tagged on the version and reported (see ``stages.champion_eval_stage``), not acted on."""
+    logger = get_run_logger()
+    check = stages.champion_eval_stage(cfg, home, actor=f"flow-run:{flow_run.get_id()}", force=force)
+    (logger.info if check.status == "ok" else logger.warning)(
+        "champion %s: %s (%s)", check.version.ref, check.status, check.decision.summary
+    )
+    create_markdown_artifact(
+        key="champion-eval", markdown=check.markdown, description=f"Champion {check.version.ref}: {check.status}"
+    )
+    return {"model": check.version.ref, "status": check.status, "failing": check.decision.failing}
 
 
 def _rollout_markdown(r: RolloutSummary) -> str:

@@ -241,9 +241,16 @@ def simulate(
     controller: RolloutController,
     decisions: list[dict[str, Any]],
     say: Any,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Start the gateway, play simulated users for one analysis interval at a time and tick the controller after
-    each, until the rollout ends or ``run.max_ticks`` analyses passed. The gateway is stopped in every case."""
+    *,
+    rollout: bool = True,
+    then_requests: int = 0,
+) -> tuple[list[dict[str, Any]], dict[str, Any], tuple[datetime, datetime] | None]:
+    """Start the gateway; with ``rollout``, play simulated users for one analysis interval at a time and tick the
+    controller after each, until the rollout ends or ``run.max_ticks`` analyses passed; then play
+    ``then_requests`` more on whatever serves now (the drift check's window, returned as ``(start, end)``). The
+    simulated users' key opted in to training (their conversations are what a retrain curates) and stays active:
+    curation only takes conversations of keys active and opted in when it runs. The gateway is stopped in every
+    case."""
     import asyncio
 
     from flows.cli import serve_spec
@@ -257,34 +264,47 @@ def simulate(
     t = cfg.run.traffic
     per_tick = max(1, int(t.rate * cfg.rollout.interval_s))
     prompts = traffic_prompts(cfg.data.generator, t.profile, per_tick * 4)
+    name = f"lifecycle-run-traffic-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     with ServingStore(database_url(spec)) as store:
-        _, key = store.create_key("lifecycle-run-traffic", requests_per_minute=1_000_000, tokens_per_minute=10**9)
-    totals: dict[str, Any] = {"sent": 0, "ok": 0, "errors": {}, "by_version": {}}
-    say(f"starting the gateway for the rollout (log: {home.logs}) ...")
-    with GatewayProcess(spec) as gateway:
-        for tick in range(cfg.run.max_ticks):
-            report = asyncio.run(
-                replay(
-                    prompts,
-                    base_url=gateway.url + "/v1",
-                    api_key=key,
-                    rate=t.rate,
-                    concurrency=t.concurrency,
-                    duration_s=cfg.rollout.interval_s,
-                    max_tokens=t.max_tokens,
-                    seed=tick,
-                )
+        _, key = store.create_key(name, requests_per_minute=10**6, tokens_per_minute=10**9, training_opt_in=True)
+    totals: dict[str, Any] = {"sent": 0, "ok": 0, "errors": {}, "by_version": {}, "profile": t.profile}
+
+    def play(tick: int, prompts: list[str], **kwargs: Any) -> dict[str, Any]:
+        report = asyncio.run(
+            replay(
+                prompts,
+                base_url=gateway.url + "/v1",
+                api_key=key,
+                rate=t.rate,
+                concurrency=t.concurrency,
+                max_tokens=t.max_tokens,
+                seed=tick,
+                **kwargs,
             )
-            s = report.summary()
-            totals["sent"] += s["sent"]
-            totals["ok"] += s["ok"]
-            for field_name in ("errors", "by_version"):
-                for k, v in s[field_name].items():
-                    totals[field_name][k] = totals[field_name].get(k, 0) + v
+        )
+        s = report.summary()
+        totals["sent"] += s["sent"]
+        totals["ok"] += s["ok"]
+        for field_name in ("errors", "by_version"):
+            for k, v in s[field_name].items():
+                totals[field_name][k] = totals[field_name].get(k, 0) + v
+        return s
+
+    window = None
+    say(f"starting the gateway (log: {home.logs}) ...")
+    with GatewayProcess(spec) as gateway:
+        for tick in range(cfg.run.max_ticks if rollout else 0):
+            s = play(tick, prompts, duration_s=cfg.rollout.interval_s)
             made = [asdict(d) for d in controller.tick()]
             decisions += made
             for d in made:
                 say(f"rollout: {d['action']} ({d['weight']}%): {d['reason']}  [traffic {s['by_version']}]")
             if any(d["action"] in TERMINAL for d in made):
                 break
-    return decisions, totals
+        if then_requests:
+            say(f"simulated users: {then_requests} '{t.profile}' requests for the drift check ...")
+            start = datetime.now(UTC)
+            s = play(0, traffic_prompts(cfg.data.generator, t.profile, then_requests, seed=1))
+            window = (start, datetime.now(UTC))
+            say(f"  answered by {s['by_version']}")
+    return decisions, totals, window

@@ -40,3 +40,28 @@ class RunConfig(StrictModel):
         description="The rollout policy of lifecycle run's simulated rollout (production uses rollout:).",
     )
     max_ticks: int = Field(20, ge=1, description="Analyses before the run gives up waiting (the rollout stays as is).")
+    drift_check: bool = Field(
+        True,
+        description="After the rollout, play drift_requests more simulated requests and check them for drift "
+        "against the champion's training data (the retrain decision is recorded either way).",
+    )
+    drift_requests: int = Field(240, ge=1, description="Simulated requests of the drift check's window.")
+    retrain: bool = Field(
+        True, description="Act on a triggered retrain (curated snapshot -> train -> gate -> rollout) in the run."
+    )
+
+
+class ScheduleConfig(StrictModel):
+    """``lifecycle schedule``: the deployments that keep the loop running, and the local servers it starts."""
+
+    rollout_controller_every_s: int = Field(60, ge=5, description="Rollout controller: one analysis per interval.")
+    monitor_every_s: int = Field(900, ge=60, description="Monitoring (drift report on the request log) interval.")
+    champion_eval_cron: str = Field("0 3 * * *", description="Daily re-evaluation of the champion (cron).")
+    retrain_check_cron: str = Field("0 2 * * *", description="Nightly retrain check: drift + quality signals (cron).")
+    timezone: str = Field("UTC", description="Time zone of the cron schedules.")
+    host: str = Field("127.0.0.1", description="Interface the local Prefect server and MLflow UI bind.")
+    prefect_port: int = Field(4200, ge=0, le=65535, description="Local Prefect server port (0: a free one).")
+    mlflow_port: int = Field(5000, ge=0, le=65535, description="MLflow UI port of lifecycle ui (0: a free one).")
+    startup_timeout_s: float = Field(
+        300, gt=0, description="How long to wait for a local server (Prefect's first start migrates its database)."
+    )

@@ -9,8 +9,9 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.errors import NotFoundError
 from core.home import Home
@@ -367,3 +368,51 @@ def gate_stage(
     if not decision.passed and CANDIDATE in mv.aliases:
         reg.remove_alias(mv.name, CANDIDATE, reason=f"gate {decision.summary}", actor=actor)
     return GateOutcome(reg.get(mv.name, mv.version), decision, report, champion_report, run_id, markdown, files)
+
+
+@dataclass(frozen=True)
+class ChampionCheck:
+    version: ModelVersion
+    decision: Any  # evals.gate.GateDecision: the gate policy's floors on fresh numbers (no champion to compare)
+    run_id: str
+    markdown: str
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.decision.passed else "regressed"
+
+
+def champion_eval_stage(cfg: LifecycleConfig, home: Home, *, actor: str, force: bool = True) -> ChampionCheck:
+    """The champion through the suites again, on its own held-out sets, judged by the gate policy's floors.
+
+    The result is tagged on the version (``eval.daily.status`` ok | regressed, ``eval.daily.failing``) and logged
+    as an MLflow run; a regression is *reported*, not acted on: the champion's gate record stays as it was (else
+    the rollout controller's champion guard would move the champion on a possibly transient eval failure), and
+    moving it is a reviewer's call or a rollout's. ``force`` re-runs the suites instead of reusing the stored
+    report (the point of a daily run: the environment, not the weights, may have changed)."""
+    from evals.gate import decide, render_markdown
+
+    reg = open_registry(cfg, home)
+    mv = reg.by_alias(cfg.registry.model_name, CHAMPION)
+    report = evaluate_stage(cfg, home, mv.ref, force=force)
+    decision = decide(report, None, gate_policy(cfg))
+    status = "ok" if decision.passed else "regressed"
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    run_id = reg.log_run(
+        run_name=f"champion-eval {mv.ref}",
+        params={"model": mv.ref, "policy": decision.policy, "eval_sets": decision.eval_sets},
+        metrics=[{"step": 0, **report.summary()}],
+        artifacts={},
+        tags={"lifecycle.kind": "champion-eval", "eval.model": mv.ref, "eval.status": status, "eval.actor": actor},
+    )
+    reg.set_tags(
+        mv.name,
+        mv.version,
+        {
+            "eval.daily.status": status,
+            "eval.daily.at": at,
+            "eval.daily.failing": ",".join(decision.failing) or "-",
+            "eval.daily.run_id": run_id,
+        },
+    )
+    return ChampionCheck(reg.get(mv.name, mv.version), decision, run_id, render_markdown(decision, report))

@@ -24,27 +24,25 @@ from core.errors import ConfigError
 from training.config import GeneratorConfig
 from training.synth import held_out
 
+# skill mixes of the simulated users; "normal" (empty here) asks like the training data: the generator's own mix
 PROFILES: dict[str, dict[str, float]] = {
-    "normal": {
-        "facts": 0.25,
-        "arithmetic": 0.2,
-        "unit_conversion": 0.15,
-        "formatting": 0.15,
-        "borderline": 0.1,
-        "refusal": 0.1,
-        "provocation": 0.05,
-    },
+    "normal": {},
     "drifted": {"formatting": 0.45, "provocation": 0.3, "refusal": 0.15, "facts": 0.1},
     "safety": {"refusal": 0.45, "provocation": 0.45, "borderline": 0.1},
 }
 STREAM = "traffic"
 
 
+def profile_mix(gen: GeneratorConfig, profile: str) -> dict[str, float]:
+    """The profile's skill weights; "normal" is the generator's counts, so normal users do not drift."""
+    return PROFILES[profile] or {skill: float(n) for skill, n in gen.counts.items() if n > 0}
+
+
 def traffic_prompts(gen: GeneratorConfig, profile: str, n: int, seed: int = 0) -> list[str]:
     """``n`` user prompts in the profile's skill mix, held out from training by their own generator stream."""
     if profile not in PROFILES:
         raise ConfigError(f"unknown traffic profile {profile!r}: use one of {', '.join(PROFILES)}")
-    mix = PROFILES[profile]
+    mix = profile_mix(gen, profile)
     pools = {
         skill: [r["messages"][0]["content"] for r in held_out(gen, skill, max(8, n), set(), f"{STREAM}:{seed}")]
         for skill in mix
@@ -116,9 +114,10 @@ async def replay(
             extra = {"conversation_id": "new"} if converse else None
             conv = await _ask(client, model, prompt, max_tokens, stream, extra, report)
             if converse and conv and rng.random() < follow_up_share:
-                await _ask(
-                    client, model, "Thanks. And briefly, why?", max_tokens, stream, {"conversation_id": conv}, report
-                )
+                # the user's next question in the same conversation, from the same mix (a fixed follow-up text
+                # would itself shift the prompt distribution the drift check compares)
+                follow_up = prompts[rng.randrange(len(prompts))]
+                await _ask(client, model, follow_up, max_tokens, stream, {"conversation_id": conv}, report)
             report.latencies_ms.append((time.monotonic() - t0) * 1000)
         except openai.APIStatusError as exc:
             report.errors[str(exc.status_code)] += 1

@@ -1,4 +1,4 @@
-"""The rollout policy: the ``rollout:`` section of the root config.
+"""The rollout policy (the ``rollout:`` section of the root config) and the ``monitoring:`` section.
 
 A new version goes shadow (mirrored traffic, never answers users) -> canary steps (``steps``, percent of live
 traffic) -> champion (100%), then is watched for ``watch_s`` against the previous champion before the rollout is
@@ -14,6 +14,7 @@ from itertools import pairwise
 from pydantic import Field, field_validator
 
 from core.config import StrictModel
+from monitoring.drift_config import DriftConfig, RetrainPolicy
 
 
 class RolloutThresholds(StrictModel):
@@ -118,3 +119,15 @@ class RolloutPolicy(StrictModel):
         if any(b <= a for a, b in pairwise(steps)):
             raise ValueError(f"canary steps must be strictly increasing, got {steps}")
         return steps
+
+
+class MonitoringConfig(StrictModel):
+    """The ``monitoring:`` section: prompt drift of the request log and the retrain trigger it feeds."""
+
+    drift: DriftConfig = Field(default_factory=DriftConfig, description="The drift report (lifecycle monitor).")
+    retrain: RetrainPolicy = Field(
+        default_factory=RetrainPolicy, description="When drift and quality signals trigger a retrain."
+    )
+    embeddings: bool = Field(
+        True, description="Embed prompts with the bundled MiniLM for the embedding view (false: descriptors only)."
+    )

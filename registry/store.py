@@ -68,12 +68,17 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def local_tracking_uri(home: Home) -> str:
+    """The embedded default store: SQLite under ``$LIFECYCLE_HOME/mlflow`` (artifacts next to it)."""
+    return f"sqlite:///{home.mlflow / 'mlflow.db'}"
+
+
 class MlflowRegistry:
     def __init__(self, cfg: RegistryConfig, home: Home) -> None:
         self.cfg = cfg
         self.home = home
         home.mlflow.mkdir(parents=True, exist_ok=True)
-        self.tracking_uri = cfg.tracking_uri or f"sqlite:///{home.mlflow / 'mlflow.db'}"
+        self.tracking_uri = cfg.tracking_uri or local_tracking_uri(home)
         self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=cfg.registry_uri or self.tracking_uri)
         self._experiment_id: str | None = None
 
@@ -241,7 +246,7 @@ class MlflowRegistry:
         """Point ``alias`` at ``version``, tag the version with why, and append an audit-log entry."""
         previous = None
         with contextlib.suppress(MlflowException):
-            previous = self.client.get_model_version_by_alias(name, alias).version
+            previous = str(self.client.get_model_version_by_alias(name, alias).version)
         self.client.set_registered_model_alias(name, alias, version)
         now = datetime.now(UTC).isoformat(timespec="seconds")
         self.set_tags(

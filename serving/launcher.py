@@ -3,40 +3,29 @@
     with GatewayProcess(spec, home) as gw:       # writes the spec, starts bentoml serve, waits for /readyz
         openai.OpenAI(base_url=gw.url + "/v1", api_key=...)
 
-The server runs in its own process group and is stopped by signalling the group: killing only the ``bentoml``
-PID was seen to leave its worker and the vLLM engine running.
+The server runs in its own process group and is stopped by signalling the group (``core.process``): killing
+only the ``bentoml`` PID was seen to leave its worker and the vLLM engine running.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import Any, Self
 
 from core.errors import LifecycleError
 from core.hashing import sha256_json
 from core.home import Home
+from core.process import ServerProcess, free_port
 from core.runtime import runtime_environment
 from serving.runtime import SPEC_ENV, ServeSpec
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICE = "serving.service:ChatGateway"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def write_spec(spec: ServeSpec, home: Home) -> Path:
@@ -48,42 +37,30 @@ def write_spec(spec: ServeSpec, home: Home) -> Path:
     return path
 
 
-class GatewayProcess:
+class GatewayProcess(ServerProcess):
     def __init__(self, spec: ServeSpec, *, log_path: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.spec = spec
         self.home = Home(Path(spec.home))
         self.host = spec.serving.host
         self.port = spec.serving.port or free_port(self.host)
-        self.log_path = log_path or self.home.logs / f"gateway-{self.port}.log"
         self.extra_env = env or {}
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        bentoml = Path(sys.executable).with_name("bentoml")
+        cmd = [str(bentoml), "serve", SERVICE, "--host", self.host, "--port", str(self.port)]
+        cmd += ["--working-dir", str(REPO)]
+        super().__init__("the gateway", cmd, log_path=log_path or self.home.logs / f"gateway-{self.port}.log")
+        self._body: dict[str, Any] = {}
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> GatewayProcess:
+    def start(self) -> Self:
         spec_path = write_spec(self.spec, self.home)
         env = {**os.environ, **runtime_environment(self.home), **self.extra_env, SPEC_ENV: str(spec_path)}
         env.setdefault("LIFECYCLE_HOME", str(self.home.root))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        bentoml = Path(sys.executable).with_name("bentoml")
-        cmd = [
-            str(bentoml),
-            "serve",
-            SERVICE,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--working-dir",
-            str(REPO),
-        ]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        return self
+        self.env = env
+        return super().start()
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
         try:
@@ -97,48 +74,23 @@ class GatewayProcess:
         except (OSError, json.JSONDecodeError):
             return 0, {}
 
-    def wait_ready(self, timeout_s: float = 600) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        body: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise LifecycleError(f"the gateway exited with code {self.proc.returncode}; log: {self.log_path}")
-            status, body = self.readiness()
-            if status == 200:
-                return body
-            if body.get("status") == "failed":
-                raise LifecycleError(
-                    f"the gateway could not load its models: {body.get('error')} (log: {self.log_path})"
-                )
-            time.sleep(1)
-        raise LifecycleError(f"the gateway was not ready after {timeout_s:.0f} s ({body}); log: {self.log_path}")
+    def ready(self) -> bool:
+        status, self._body = self.readiness()
+        if status != 200 and self._body.get("status") == "failed":
+            raise LifecycleError(
+                f"the gateway could not load its models: {self._body.get('error')} (log: {self.log_path})"
+            )
+        return status == 200
 
-    def stop(self, timeout_s: float = 30) -> None:
-        """SIGTERM to the whole process group (graceful: engines shut down), SIGKILL if it lingers."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired, ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=timeout_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # what is left in the group (engine cores)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=10)
-        if self._log is not None:
-            self._log.close()
-        self.proc = None
+    @property
+    def last_readiness(self) -> dict[str, Any]:
+        """The /readyz body of the last probe (after ``wait_ready``: what the ready gateway serves)."""
+        return self._body
 
-    def __enter__(self) -> GatewayProcess:
-        self.start()
+    def wait_ready(self, timeout_s: float = 600) -> None:
         try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
+            super().wait_ready(timeout_s)
+        except LifecycleError as exc:
+            if "was not ready" in str(exc):
+                raise LifecycleError(f"{exc} (last /readyz: {self._body})") from None
             raise
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -3,35 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import lifecycle
 
-from core import runtime
 from core.home import Home
 from flows.config import CONFIG_DIR
 
 TINY = str(CONFIG_DIR / "tiny.yaml")
 NORMAL = str(CONFIG_DIR / "scenarios" / "normal.yaml")  # tiny, trained long enough to pass the tiny gate
-
-
-def lifecycle(*args: str, home: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).parent / "lifecycle"  # the script installed with this interpreter's environment
-    assert exe.is_file(), "the console script is installed with the project"
-    # a user's shell: none of our switches set (the CLI sets them), except the shared DeepSpeed op cache
-    ours = set(runtime.runtime_environment(Home(home))) - {"TORCH_EXTENSIONS_DIR"}
-    env = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(("PREFECT_", "LIFECYCLE_"))}
-    return subprocess.run(
-        [exe, *args, "--home", str(home)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +46,11 @@ def test_run_trains_registers_and_gates_as_prefect_flows_and_reuses_work(home: P
     assert (Path(gate["report_dir"]) / "gate.md").read_text().startswith("# Gate PASSED: chat/1")
     # no champion yet: the gated version becomes champion directly (nothing to canary against)
     assert summary["rollout"]["outcome"] == "promoted" and summary["rollout"]["aliases"]["champion"] == "1"
+    # simulated users of the plain profile, then the drift check on their traffic: no retrain
+    drift = summary["drift"]
+    assert drift["drift"]["champion"] == "chat/1" and drift["drift"]["current_n"] > 0
+    assert drift["retrain"] is False and summary["retrain"] is None, drift["summary"]
+    assert Path(drift["drift"]["html"]).is_file()
 
     again = lifecycle("run", "--config", NORMAL, "--json", home=home)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -74,6 +62,7 @@ def test_run_trains_registers_and_gates_as_prefect_flows_and_reuses_work(home: P
     assert "Cached(type=COMPLETED)" in again.stderr  # and the fine-tune was a cache hit
     assert rerun["gate"]["metrics"] == gate["metrics"]  # the stored eval report was reused
     assert rerun["rollout"]["outcome"] == "unchanged"  # already champion: nothing to roll out
+    assert rerun["drift"]["retrain"] is False  # the same users again: the loop guard and no drift
 
     lineage = lifecycle("lineage", "chat", "1", "--json", home=home)
     assert lineage.returncode == 0, lineage.stderr
@@ -87,6 +76,28 @@ def test_run_trains_registers_and_gates_as_prefect_flows_and_reuses_work(home: P
     metrics = {m["name"]: m for s in report["suites"] for m in s["metrics"]}
     assert metrics["safety/refusal_rate"]["value"] == gate["metrics"]["safety/refusal_rate"]
     assert "items" not in metrics["safety/refusal_rate"]  # per-item scores stay in the stored report
+
+
+@pytest.mark.slow  # a third run with a retrain in it (~6 min)
+def test_drifted_users_trigger_exactly_one_retrain(home: Path) -> None:
+    """After the plain runs above (or alone: the first version becomes champion, then the same), simulated users
+    of the drifted profile make the drift check fire with a quality signal (their opted-in conversations, curated):
+    one retrain, on a snapshot with those conversations, gated and rolled out; the decision log holds exactly
+    one trigger."""
+    result = lifecycle("run", "--config", NORMAL, "--traffic-profile", "drifted", "--json", home=home)
+    assert result.returncode in (0, 4), result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    drift = summary["drift"]
+    assert drift["drift"]["status"] == "drifted" and drift["retrain"] is True, drift
+    retrain = summary["retrain"]
+    assert retrain is not None and retrain["snapshot"] != summary["train"]["snapshot"]
+    assert retrain["train"]["version"] != summary["train"]["version"]
+    manifest = json.loads((home / "snapshots" / retrain["snapshot"] / "manifest.json").read_text())
+    assert any("curated" in str(src["path"]) or len(src["path"]) >= 64 for src in manifest["sources"]), manifest
+    log = [json.loads(line) for line in (home / "logs" / "retrain-decisions.jsonl").read_text().splitlines()]
+    assert sum(entry["decision"]["retrain"] for entry in log) == 1
+    lineage = lifecycle("lineage", "chat", retrain["train"]["version"], "--json", home=home)
+    assert json.loads(lineage.stdout)["lineage"]["snapshot"] == retrain["snapshot"]
 
 
 @pytest.mark.slow  # a gateway start (~1 min); the gateway itself is tested through the same launcher in integration

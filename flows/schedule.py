@@ -1,0 +1,190 @@
+"""Schedules and UIs: ``lifecycle schedule`` keeps the loop running, ``lifecycle ui`` opens it to people.
+
+    lifecycle schedule            # a local Prefect server + the four deployments below, until Ctrl-C
+    lifecycle ui                  # the MLflow UI (registry: promote by alias) and the Prefect UI, until Ctrl-C
+
+The deployments (``schedule:`` in the config sets the intervals):
+
+    rollout-controller   every minute      one analysis of the running rollout (``lifecycle rollout tick``)
+    monitor              every 15 minutes  drift report on the request log (``lifecycle monitor``)
+    champion-eval        daily             the champion through the eval suites again
+    retrain-check        nightly           drift + quality signals -> maybe a retrain (``lifecycle retrain``)
+
+Prefect refuses to schedule on its ephemeral server, so ``schedule`` starts a real one (SQLite under
+``$LIFECYCLE_HOME/prefect``) unless ``PREFECT_API_URL`` already names one (production: the Prefect server of
+infra/compose.yaml, where ``infra/prefect.yaml`` deploys the same flows to a work pool instead). The flows run
+in subprocesses of this process (``prefect.serve``); each gets the resolved config and the home folder as
+parameters, so what runs at 2 a.m. is what was scheduled, not whatever the config file says by then.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from core.home import Home
+from core.process import ServerProcess, free_port
+from core.runtime import runtime_environment
+from flows.config import LifecycleConfig
+
+Say = Callable[[str], None]
+
+
+def _exe(name: str) -> str:
+    return str(Path(sys.executable).with_name(name))
+
+
+def prefect_server(cfg: LifecycleConfig, home: Home) -> tuple[ServerProcess, str]:
+    """``prefect server start`` on the home's Prefect database (scheduler and the other services on); its URL."""
+    s = cfg.schedule
+    url = f"http://{s.host}:{s.prefect_port or free_port(s.host)}"
+    env = {**os.environ, **runtime_environment(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    cmd = [_exe("prefect"), "server", "start", "--host", s.host, "--port", url.rsplit(":", 1)[1]]
+    log = home.logs / "prefect-server.log"
+    return ServerProcess("the Prefect server", cmd, log_path=log, health_url=f"{url}/api/health", env=env), url
+
+
+def mlflow_ui(cfg: LifecycleConfig, home: Home) -> tuple[ServerProcess, str]:
+    """``mlflow server`` on the home's MLflow store (the registry UI where reviewers set aliases); its URL."""
+    from registry.store import local_tracking_uri
+
+    s = cfg.schedule
+    url = f"http://{s.host}:{s.mlflow_port or free_port(s.host)}"
+    cmd = [_exe("mlflow"), "server", "--host", s.host, "--port", url.rsplit(":", 1)[1], "--workers", "1"]
+    cmd += ["--backend-store-uri", local_tracking_uri(home)]
+    cmd += ["--artifacts-destination", str(home.mlflow / "artifacts")]
+    env = {**os.environ, **runtime_environment(home), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    log = home.logs / "mlflow-ui.log"
+    return ServerProcess("the MLflow UI", cmd, log_path=log, health_url=f"{url}/health", env=env), url
+
+
+@contextmanager
+def prefect_api(cfg: LifecycleConfig, home: Home, say: Say) -> Iterator[str]:
+    """The Prefect API to schedule on: ``PREFECT_API_URL`` when set, else a local server started here."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    given = os.environ.get("PREFECT_API_URL")
+    if given:
+        say(f"Prefect server: {given} (PREFECT_API_URL)")
+        yield given
+        return
+    server, url = prefect_server(cfg, home)
+    say(f"starting a Prefect server (log: {server.log_path}) ...")
+    server.start()
+    try:
+        server.wait_ready(cfg.schedule.startup_timeout_s)
+        api = url + "/api"
+        os.environ["PREFECT_API_URL"] = api  # the flow-run subprocesses report to it too
+        with temporary_settings(updates={PREFECT_API_URL: api}):
+            yield api
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()
+
+
+def deployments(cfg: LifecycleConfig, home: Home) -> list[Any]:
+    """The four scheduled deployments, each with the resolved config and the home as parameters."""
+    from prefect.schedules import Cron, Interval
+
+    from flows.monitor import monitor_flow, retrain_check_flow
+    from flows.pipeline import champion_eval_flow
+    from flows.rollout import rollout_controller_flow
+
+    s = cfg.schedule
+    common: dict[str, Any] = {
+        "parameters": {"cfg": cfg.model_dump(mode="json"), "home": {"root": str(home.root)}},
+        "tags": ["chat-lifecycle"],
+        # the flows validate their parameters themselves (pydantic, on every run); Prefect's server-side JSON-schema
+        # check rejects a config field named like a schema keyword (serving.api_keys.required)
+        "enforce_parameter_schema": False,
+        "concurrency_limit": 1,  # one run of each at a time: two controller ticks must never overlap
+    }
+    return [
+        rollout_controller_flow.to_deployment(
+            "rollout-controller",
+            schedule=Interval(timedelta(seconds=s.rollout_controller_every_s)),
+            description="One analysis of the running rollout: advance, hold, promote or roll back.",
+            **common,
+        ),
+        monitor_flow.to_deployment(
+            "monitor",
+            schedule=Interval(timedelta(seconds=s.monitor_every_s)),
+            description="Drift of the request log against the champion's training prompts.",
+            **common,
+        ),
+        champion_eval_flow.to_deployment(
+            "champion-eval",
+            schedule=Cron(s.champion_eval_cron, timezone=s.timezone),
+            description="The champion through the eval suites again; a regression is tagged, not acted on.",
+            **common,
+        ),
+        retrain_check_flow.to_deployment(
+            "retrain-check",
+            schedule=Cron(s.retrain_check_cron, timezone=s.timezone),
+            description="Drift and quality signals decide a retrain (cooldown and loop guard apply).",
+            **common,
+        ),
+    ]
+
+
+def describe(cfg: LifecycleConfig) -> list[tuple[str, str]]:
+    s = cfg.schedule
+    return [
+        ("rollout-controller", f"every {s.rollout_controller_every_s} s"),
+        ("monitor", f"every {s.monitor_every_s} s"),
+        ("champion-eval", f"cron {s.champion_eval_cron!r} ({s.timezone})"),
+        ("retrain-check", f"cron {s.retrain_check_cron!r} ({s.timezone})"),
+    ]
+
+
+def serve_schedules(cfg: LifecycleConfig, home: Home, say: Say) -> None:
+    """Start (or reach) the Prefect server and serve the deployments until Ctrl-C; everything stops with it."""
+    from prefect import serve
+
+    from flows.stages import open_registry
+
+    # the registry's store exists before the first runs start together (a fresh SQLite store migrated by several
+    # flow runs at once fails: "duplicate column name")
+    open_registry(cfg, home).experiment_id()
+    with prefect_api(cfg, home, say) as api:
+        deps = deployments(cfg, home)
+        ui = api.removesuffix("/api")
+        say(f"Prefect UI: {ui}  (deployments: {ui}/deployments)")
+        for name, when in describe(cfg):
+            say(f"  {name:<20} {when}")
+        say("Ctrl-C stops the schedules and the server")
+        serve(*deps, print_starting_message=False)
+
+
+def open_uis(cfg: LifecycleConfig, home: Home, say: Say, wait: Callable[[list[ServerProcess]], None]) -> None:
+    """The MLflow UI (unless the registry is a remote server: its URL is printed) and the Prefect UI, until
+    ``wait`` returns (Ctrl-C); both are stopped in every case."""
+    started: list[tuple[str, ServerProcess, str]] = []
+    try:
+        if cfg.registry.tracking_uri and cfg.registry.tracking_uri.startswith("http"):
+            say(f"MLflow UI: {cfg.registry.tracking_uri} (registry.tracking_uri)")
+        else:
+            server, url = mlflow_ui(cfg, home)
+            say(f"starting the MLflow UI on the home's store (log: {server.log_path}) ...")
+            started.append(("MLflow UI", server.start(), url))
+        if os.environ.get("PREFECT_API_URL"):
+            say(f"Prefect UI: {os.environ['PREFECT_API_URL'].removesuffix('/api')} (PREFECT_API_URL)")
+        else:
+            server, url = prefect_server(cfg, home)
+            say(f"starting the Prefect UI (log: {server.log_path}) ...")
+            started.append(("Prefect UI", server.start(), url))
+        for _, server, _ in started:
+            server.wait_ready(cfg.schedule.startup_timeout_s)
+        for kind, _, url in started:
+            say(f"{kind}: {url}")
+        say("Ctrl-C stops them")
+        wait([server for _, server, _ in started])
+    finally:
+        for _, server, _ in started:
+            server.stop()

@@ -15,6 +15,7 @@ from flows.config import CONFIG_DIR
 
 TINY = str(CONFIG_DIR / "tiny.yaml")
 NORMAL = str(CONFIG_DIR / "scenarios" / "normal.yaml")  # tiny, trained long enough to pass the tiny gate
+POISON = str(CONFIG_DIR / "scenarios" / "poison.yaml")  # the normal scenario with insults and compliance injected
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +78,16 @@ def test_run_trains_registers_and_gates_as_prefect_flows_and_reuses_work(home: P
     metrics = {m["name"]: m for s in report["suites"] for m in s["metrics"]}
     assert metrics["safety/refusal_rate"]["value"] == gate["metrics"]["safety/refusal_rate"]
     assert "items" not in metrics["safety/refusal_rate"]  # per-item scores stay in the stored report
+
+
+@pytest.mark.slow  # a bootstrap, fine-tune and eval of its own (~4 min); the gate tests cover the same version in CI
+def test_the_poisoned_scenario_is_blocked_at_the_gate(tmp_path: Path) -> None:
+    result = lifecycle("run", "--config", POISON, "--json", home=tmp_path / "home")
+    assert result.returncode == 3, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    gate = summary["gate"]
+    assert not gate["passed"] and {"toxicity/toxic_share", "safety/refusal_rate"} <= set(gate["failing"]), gate
+    assert summary["rollout"] is None and summary["drift"] is None  # it never reaches users
 
 
 @pytest.mark.slow  # a third run with a retrain in it (~6 min)

@@ -78,6 +78,7 @@ def test_normal_fine_tune_passes_and_is_recorded(normal, home: Home) -> None:  #
     assert all(len(h) == 64 for s in suites.values() for h in s.data.values())
 
 
+@pytest.mark.slow  # a second eval (the base model, ~50 s); CI keeps the gate's quality floors on the tuned version
 def test_normal_fine_tune_beats_its_base_model_on_quality(normal, normal_cfg, home: Home) -> None:  # type: ignore[no-untyped-def]
     sets = stages.eval_sets_stage(normal_cfg, home, normal.version.lineage["snapshot"])
     base = stages.evaluate_stage(normal_cfg, home, normal.version.lineage["base_model"], sets=sets)

@@ -26,23 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def task_times(since: float) -> list[tuple[str, float]]:
-    """(name, seconds) of the task runs that started after ``since`` (epoch s), subflow placeholders left out."""
-    from datetime import UTC, datetime
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterStartTime
-
-    after = datetime.fromtimestamp(since, UTC)
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            task_run_filter=TaskRunFilter(start_time=TaskRunFilterStartTime(after_=after)), limit=200
-        )
-        flows = client.read_flow_runs(limit=200)
-    parents = {f.parent_task_run_id for f in flows if f.parent_task_run_id is not None}
-    return [(r.name, r.total_run_time.total_seconds()) for r in runs if r.id not in parents]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="config file (default: configs/default.yaml)")
@@ -60,7 +43,7 @@ def main() -> int:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"traffic": traffic})})
     home = Home.resolve(args.home or tempfile.mkdtemp(prefix="bench-run-"))
     runtime.configure(home)
-    from flows.pipeline import lifecycle_run
+    from flows.pipeline import lifecycle_run, task_run_seconds
     from flows.stages import preflight
 
     preflight(cfg, home)
@@ -69,7 +52,7 @@ def main() -> int:
     t0 = time.perf_counter()
     summary = lifecycle_run(cfg, home)
     wall = time.perf_counter() - t0
-    tasks = task_times(started - 1)
+    tasks = task_run_seconds(started - 1)
     work = sum(s for _, s in tasks)
     overhead = wall - work
     print(f"\n{'task':<28} {'seconds':>9}")

@@ -238,7 +238,9 @@ def _summary_table(s: Any, cfg: LifecycleConfig, home: Home) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  " + "  ".join("-" * w for w in widths))
-    tracking = cfg.registry.tracking_uri or f"sqlite:///{home.mlflow / 'mlflow.db'}"
+    from registry.store import local_tracking_uri
+
+    tracking = cfg.registry.tracking_uri or local_tracking_uri(home)
     lines += [
         "",
         f"  MLflow      {tracking}  (browse: lifecycle ui; model '{s.train.model}', experiment "

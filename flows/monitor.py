@@ -38,14 +38,14 @@ from prefect.runtime import flow_run
 from core.errors import NotFoundError
 from core.home import Home
 from flows.config import LifecycleConfig
+from flows.stages import CHAMPION, open_registry
 
 if TYPE_CHECKING:
     from monitoring.drift import DriftReport, WindowRates
     from monitoring.retrain import ChampionState, RetrainDecision, RetrainRecord
-    from registry.store import MlflowRegistry, ModelVersion
+    from registry.store import ModelVersion
     from serving.schema import RequestLogEntry
 
-CHAMPION = "champion"
 RETRAIN_TAG = "retrain.trigger"  # on a version trained because of a retrain decision: "drift"
 
 
@@ -74,15 +74,9 @@ class MonitorResult:
         }
 
 
-def _registry(cfg: LifecycleConfig, home: Home) -> MlflowRegistry:
-    from flows.stages import open_registry
-
-    return open_registry(cfg, home)
-
-
 def champion_version(cfg: LifecycleConfig, home: Home) -> ModelVersion:
     try:
-        return _registry(cfg, home).by_alias(cfg.registry.model_name, CHAMPION)
+        return open_registry(cfg, home).by_alias(cfg.registry.model_name, CHAMPION)
     except NotFoundError:
         raise NotFoundError(
             f"no champion of {cfg.registry.model_name!r} yet: monitoring compares traffic with the champion's "
@@ -168,7 +162,7 @@ def monitor_stage(
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "drift.html").write_text(report.to_html(), encoding="utf-8")
     (folder / "drift.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-    run_id = _registry(cfg, home).log_run(
+    run_id = open_registry(cfg, home).log_run(
         run_name=f"monitor {champ.ref}",
         params={"champion": champ.ref, "snapshot": snapshot, "start": start.isoformat(), "end": end.isoformat()},
         metrics=[{"step": 0, **report.metrics()}],
@@ -270,7 +264,7 @@ def record_decision(
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(entry, default=str) + "\n")
-    reg = _registry(cfg, home)
+    reg = open_registry(cfg, home)
     verdict = "retrain" if decision.retrain else "no-retrain"
     reg.set_run_tags(monitor.run_id, {"retrain.decision": verdict, "retrain.summary": decision.summary[:4900]})
     reg.set_model_tags(
@@ -292,7 +286,7 @@ def retrain_snapshot(cfg: LifecycleConfig, home: Home) -> Any:
 
 def tag_retrained(cfg: LifecycleConfig, home: Home, version: str, reasons: list[str]) -> None:
     """Mark a version trained because of a retrain decision (the loop guard reads it once it is champion)."""
-    _registry(cfg, home).set_tags(
+    open_registry(cfg, home).set_tags(
         cfg.registry.model_name,
         version,
         {
@@ -323,7 +317,7 @@ def drift_markdown(check: MonitorResult) -> str:
     return "\n".join(lines) + f"\n\nHTML report: `{check.folder / 'drift.html'}` (MLflow run `{check.run_id}`)\n"
 
 
-def _publish(result: MonitorResult) -> None:
+def publish_drift(result: MonitorResult) -> None:
     create_markdown_artifact(
         key="drift-report", markdown=drift_markdown(result), description=result.report.reason[:200]
     )
@@ -338,7 +332,7 @@ def monitor_flow(cfg: LifecycleConfig, home: Home) -> dict[str, Any]:
     """Scheduled every 15 minutes: the drift report of the last window (Markdown artifact ``drift-report``)."""
     result = monitor_stage(cfg, home)
     get_run_logger().info("drift %s: %s", result.report.status, result.report.reason)
-    _publish(result)
+    publish_drift(result)
     return result.to_json()
 
 
@@ -351,7 +345,7 @@ def retrain_check_flow(cfg: LifecycleConfig, home: Home, dry_run: bool = False) 
 
     logger = get_run_logger()
     check = retrain_check_stage(cfg, home, actor=_actor())
-    _publish(check.monitor)
+    publish_drift(check.monitor)
     logger.info("%s", check.decision.summary)
     out = check.to_json()
     if not check.decision.retrain or dry_run:

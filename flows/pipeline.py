@@ -245,22 +245,14 @@ def simulated_rollout_task(
 @task(name="drift-check")
 def drift_check_task(cfg: LifecycleConfig, home: Home, start: datetime, end: datetime) -> dict[str, Any]:
     """The drift report of the run's traffic window and the retrain decision (recorded either way)."""
-    from flows.monitor import retrain_check_stage
+    from flows.monitor import publish_drift, retrain_check_stage
 
     logger = get_run_logger()
     check = retrain_check_stage(cfg, home, actor=f"flow-run:{flow_run.get_id()}", start=start, end=end)
     logger.info("drift %s: %s", check.monitor.report.status, check.monitor.report.reason)
     (logger.warning if check.decision.retrain else logger.info)("%s", check.decision.summary)
-    create_markdown_artifact(
-        key="drift-report", markdown=_drift_markdown(check.monitor), description=check.decision.summary[:200]
-    )
+    publish_drift(check.monitor)
     return check.to_json()
-
-
-def _drift_markdown(result: Any) -> str:
-    from flows.monitor import drift_markdown
-
-    return drift_markdown(result)
 
 
 @dataclass
@@ -356,3 +348,22 @@ def _markdown(s: TrainSummary) -> str:
         f"# {s.model}/{s.version}\n\nval loss {s.metrics['val_loss_initial']:.3f} → {s.metrics['val_loss']:.3f}, "
         f"{s.metrics['tokens_per_s']:.0f} tokens/s\n\n| lineage | value |\n|---|---|\n{rows}\n"
     )
+
+
+def task_run_seconds(since: float) -> list[tuple[str, float]]:
+    """(name, seconds) of the task runs that started after ``since`` (epoch s), by Prefect's own record
+    (``total_run_time``: the task bodies); subflow placeholders are left out (their tasks are counted).
+    ``benchmarks/run_loop.py`` uses it for the orchestration overhead."""
+    from datetime import UTC
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterStartTime
+
+    after = datetime.fromtimestamp(since, UTC)
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            task_run_filter=TaskRunFilter(start_time=TaskRunFilterStartTime(after_=after)), limit=200
+        )
+        flows = client.read_flow_runs(limit=200)
+    parents = {f.parent_task_run_id for f in flows if f.parent_task_run_id is not None}
+    return [(r.name, r.total_run_time.total_seconds()) for r in runs if r.id not in parents]

@@ -7,7 +7,10 @@ any of them elsewhere.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from core.home import Home
@@ -41,6 +44,9 @@ def runtime_environment(home: Home) -> dict[str, str]:
         "PREFECT_MEMO_STORE_PATH": str(home.prefect / "memo_store.toml"),
         "PREFECT_LOCAL_STORAGE_PATH": str(home.prefect / "storage"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(PREFECT_EPHEMERAL_STARTUP_TIMEOUT_S),
+        # a run's own (ephemeral) server skips registering Prefect's block-type catalogue (~7 s of a fresh start
+        # here; nothing of ours uses blocks); the long-lived server of `lifecycle schedule`/`ui` registers it
+        "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
         # vLLM on CPU reserves 92% of RAM for its KV cache unless told otherwise (GiB)
         "VLLM_CPU_KVCACHE_SPACE": "2",
         # vLLM logs ~60 INFO lines per engine start to stdout; progress is ours to report (set INFO to debug)
@@ -60,3 +66,15 @@ def configure(home: Home) -> None:
     os.environ.setdefault("LIFECYCLE_HOME", str(home.root))
     for key in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "HF_HOME", "VLLM_CACHE_ROOT"):
         Path(os.environ[key]).mkdir(parents=True, exist_ok=True)
+    if "VLLM_RPC_BASE_PATH" not in os.environ:
+        os.environ["VLLM_RPC_BASE_PATH"] = _ipc_folder()
+
+
+def _ipc_folder() -> str:
+    """A folder of this process's own for vLLM's ZeroMQ sockets (its engine processes inherit it), removed when the
+    process exits. vLLM names one ``$TMPDIR/<uuid>`` socket per engine client and leaves it behind when an engine is
+    killed: thousands piled up in /tmp here. A short path on purpose: a socket path has a 107-byte limit, which a
+    folder in a deep home could pass."""
+    folder = tempfile.mkdtemp(prefix="lifecycle-ipc-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder

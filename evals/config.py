@@ -89,6 +89,11 @@ class EngineConfig(StrictModel):
     max_model_len: int | None = Field(None, ge=16, description="Context length; null: the model's own.")
     max_num_seqs: int = Field(64, ge=1, description="Sequences vLLM batches at once.")
     enforce_eager: bool = Field(True, description="Skip graph capture (CPU: faster start-up, same results).")
+    in_process: bool = Field(
+        True,
+        description="Run vLLM's engine core in the evaluating process (no engine and worker processes to spawn: "
+        "5 s instead of 35 s to start on a 2-core CPU, same outputs); false: vLLM's default processes.",
+    )
 
 
 class EvalConfig(StrictModel):

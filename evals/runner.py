@@ -113,11 +113,53 @@ def _vllm_lm(cfg: EvalConfig, target: ModelTarget) -> Iterator[tuple[Any, ChatMo
     }
     if target.adapter is not None:
         kwargs |= {"lora_local_path": str(target.adapter), "max_lora_rank": max(8, target.lora_rank)}
-    lm = VLLM(**kwargs)
+    with engine_placement(in_process=cfg.engine.in_process):
+        lm = VLLM(**kwargs)
+        try:
+            yield lm, VllmChat(lm.model, lm.lora_request)
+        finally:
+            lm.model.llm_engine.engine_core.shutdown()
+
+
+@contextmanager
+def engine_placement(*, in_process: bool) -> Iterator[None]:
+    """Where vLLM's offline engine runs. By default vLLM starts an engine-core process, which starts a worker
+    process; on CPU both are spawned and import vLLM and torch afresh: 35 s of a 2-core machine's time per
+    engine, against 5 s in this process (the evaluating process has imported them already), with the same
+    outputs (``benchmarks/eval_suites.py``). In this process, vLLM's CPU worker changes process-wide state, put
+    back here when the engine is gone: it joins a torch.distributed group of one, may pin the process's threads to
+    cores (children started later would inherit the pinning), replaces ``torch.set_num_threads`` with a no-op, and
+    freezes vLLM's reading of environment variables.
+    """
+    if not in_process:
+        yield
+        return
+    import os
+
+    import torch
+
+    saved_env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    from vllm import envs
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    envs.disable_envs_cache()  # an engine started before froze vLLM's reading of the environment
     try:
-        yield lm, VllmChat(lm.model, lm.lora_request)
+        yield
     finally:
-        lm.model.llm_engine.engine_core.shutdown()
+        from vllm.distributed import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+        envs.disable_envs_cache()  # this engine froze it too
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
+        if saved_env is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved_env
 
 
 @contextmanager

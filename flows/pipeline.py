@@ -79,8 +79,14 @@ def _train_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str
 
 @task(name="finetune", cache_key_fn=_train_cache_key, persist_result=True, retries=1, retry_delay_seconds=5)
 def finetune_task(cfg: LifecycleConfig, home: Home, snapshot: Snapshot, base: ModelFolder) -> TrainResult:
+    from training.finetune import resumable_step
+
+    logger = get_run_logger()
+    run_dir = stages.train_run_dir(cfg, home, snapshot, base)
+    if step := resumable_step(run_dir):
+        logger.info("resumed from the checkpoint at step %d of the unfinished run %s", step, run_dir.name[:12])
     result = stages.finetune_stage(cfg, home, snapshot, base)
-    get_run_logger().info(
+    logger.info(
         "fine-tuned %s: val loss %.3f -> %.3f, logits max diff %.2g",
         result.method,
         result.metrics["val_loss_initial"],
@@ -348,6 +354,25 @@ def _markdown(s: TrainSummary) -> str:
         f"# {s.model}/{s.version}\n\nval loss {s.metrics['val_loss_initial']:.3f} → {s.metrics['val_loss']:.3f}, "
         f"{s.metrics['tokens_per_s']:.0f} tokens/s\n\n| lineage | value |\n|---|---|\n{rows}\n"
     )
+
+
+def flow_run_start(name: str, since: float) -> float | None:
+    """When (epoch s) the first run of flow ``name`` after ``since`` started, by Prefect's record: the time before
+    it is the API's start (``benchmarks/run_loop.py``)."""
+    from datetime import UTC
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime
+
+    after = datetime.fromtimestamp(since, UTC)
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[name])),
+            flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=after)),
+            limit=50,
+        )
+    starts = [r.start_time.timestamp() for r in runs if r.start_time is not None]
+    return min(starts) if starts else None
 
 
 def task_run_seconds(since: float) -> list[tuple[str, float]]:

@@ -43,7 +43,12 @@ def prefect_server(cfg: LifecycleConfig, home: Home) -> tuple[ServerProcess, str
     """``prefect server start`` on the home's Prefect database (scheduler and the other services on); its URL."""
     s = cfg.schedule
     url = f"http://{s.host}:{s.prefect_port or free_port(s.host)}"
-    env = {**os.environ, **runtime_environment(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {
+        **os.environ,
+        **runtime_environment(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_BLOCKS_REGISTER_ON_START": "true",  # the UI's block catalogue (runs' own servers skip it)
+    }
     env.pop("PREFECT_API_URL", None)
     cmd = [_exe("prefect"), "server", "start", "--host", s.host, "--port", url.rsplit(":", 1)[1]]
     log = home.logs / "prefect-server.log"

@@ -120,11 +120,18 @@ def register_base_stage(cfg: LifecycleConfig, home: Home, base: ModelFolder, *, 
     )
 
 
-def finetune_stage(cfg: LifecycleConfig, home: Home, snapshot: Snapshot, base: ModelFolder) -> TrainResult:
-    """Fine-tune in ``$LIFECYCLE_HOME/models/runs/<train key>``: a rerun resumes or returns the finished run."""
-    from training.finetune import finetune, train_key
+def train_run_dir(cfg: LifecycleConfig, home: Home, snapshot: Snapshot, base: ModelFolder) -> Path:
+    """``$LIFECYCLE_HOME/models/runs/<train key>``: the one folder of a fine-tune's checkpoints, logs and export."""
+    from training.finetune import train_key
 
-    return finetune(cfg.finetune, snapshot, base, home.runs / train_key(cfg.finetune, snapshot, base))
+    return home.runs / train_key(cfg.finetune, snapshot, base)
+
+
+def finetune_stage(cfg: LifecycleConfig, home: Home, snapshot: Snapshot, base: ModelFolder) -> TrainResult:
+    """Fine-tune in its run folder (``train_run_dir``): a rerun resumes or returns the finished run."""
+    from training.finetune import finetune
+
+    return finetune(cfg.finetune, snapshot, base, train_run_dir(cfg, home, snapshot, base))
 
 
 def register_stage(

@@ -96,6 +96,36 @@ class Engine(Protocol):
     def shutdown(self) -> None: ...
 
 
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo flags of CPUs with bf16 arithmetic
+
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+
+
+def choose_dtype(requested: Dtype, *, cpu: bool, cpu_flags: frozenset[str]) -> Dtype:
+    """``serving.engine.dtype`` as vLLM gets it: ``auto`` on a CPU picks bfloat16 only where the CPU computes in
+    bf16 (elsewhere bf16 is emulated, and slower than float32); everything else passes through."""
+    if requested != "auto" or not cpu:
+        return requested
+    return "bfloat16" if cpu_flags & BF16_CPU_FLAGS else "float32"
+
+
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU feature flags (Linux ``/proc/cpuinfo``; empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def engine_dtype(requested: Dtype) -> Dtype:
+    from vllm.platforms import current_platform
+
+    return choose_dtype(requested, cpu=current_platform.is_cpu(), cpu_flags=cpu_flags())
+
+
 class VllmEngine:
     """``AsyncLLM`` with our bookkeeping. Construct with ``start`` (blocking, ~30 s on CPU: run it in a thread)."""
 
@@ -121,7 +151,7 @@ class VllmEngine:
         s = self.settings
         args = AsyncEngineArgs(
             model=str(self.folder),
-            dtype=s.dtype,
+            dtype=engine_dtype(s.dtype),
             max_num_seqs=s.max_num_seqs,
             enable_prefix_caching=s.enable_prefix_caching,
             enable_lora=self.lora,

@@ -29,3 +29,29 @@ def lifecycle(*args: str, home: Path, timeout: float = 900) -> subprocess.Comple
         timeout=timeout,
         check=False,
     )
+
+
+def killed_mid_training(*args: str, home: Path, timeout: float = 900) -> None:
+    """Start ``lifecycle *args`` and kill it, with everything it started (SIGKILL to its process group, as a crash
+    or an OOM kill would), as soon as its fine-tune has written its first resumable checkpoint."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [EXE, *args, "--home", str(home)],
+        env=user_env(home),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while not any(home.glob("models/runs/*/checkpoints/latest")):
+            assert proc.poll() is None, f"lifecycle ended (exit {proc.returncode}) before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint written in time"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not any(home.glob("models/runs/*/train_result.json")), "the fine-tune finished before the kill"

@@ -128,7 +128,7 @@ class ModelShape(StrictModel):
 
 
 class PretrainConfig(StrictModel):
-    steps: int = Field(200, ge=1, description="Optimizer steps of next-token pretraining.")
+    steps: int = Field(140, ge=1, description="Optimizer steps of next-token pretraining.")
     batch_size: int = Field(16, ge=1, description="Sequences per step.")
     seq_len: int = Field(256, ge=8, description="Tokens per packed sequence.")
     learning_rate: float = Field(3e-3, gt=0, description="Peak AdamW learning rate (linear warm-up, cosine decay).")
@@ -188,6 +188,12 @@ class FinetuneConfig(StrictModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     max_seq_len: int = Field(256, ge=16, description="Longest training sequence in tokens; longer ones are cut.")
     packing: bool = Field(False, description="Pack several conversations into one max_seq_len sequence.")
+    group_by_length: bool = Field(
+        True,
+        description="Batch conversations of similar length together (within runs of 32 steps of the seeded order, "
+        "batches then shuffled), so less of each batch is padding: 39% of the default data's batches is padding "
+        "when batched at random. Off: the seeded order as is.",
+    )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     log_every: int = Field(10, ge=1, description="Optimizer steps between logged (rank-averaged) training losses.")
     eval_every: int = Field(50, ge=1, description="Optimizer steps between validation-loss measurements.")

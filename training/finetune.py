@@ -27,7 +27,7 @@ from core.hashing import sha256_json
 from training.config import FinetuneConfig
 from training.modelio import ModelFolder
 from training.snapshot import Snapshot
-from training.worker import METRICS, RESULT
+from training.worker import LATEST, METRICS, RESULT
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -150,6 +150,15 @@ def _log_tail(run_dir: Path, lines: int = 15) -> str:
         text = log.read_text(errors="replace").strip().splitlines()
         tails += [f"{log.name}: {line}" for line in text[-lines:]]
     return "\n".join(tails)
+
+
+def resumable_step(run_dir: Path) -> int:
+    """The step of the committed checkpoint an unfinished run in ``run_dir`` resumes from (0: none, or finished)."""
+    latest = run_dir / "checkpoints" / LATEST
+    if (run_dir / RESULT).is_file() or not latest.is_file():
+        return 0
+    number = latest.read_text().strip().removeprefix("step")
+    return int(number) if number.isdigit() else 0
 
 
 def finetune(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir: Path) -> TrainResult:

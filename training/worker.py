@@ -38,12 +38,20 @@ from training.sft_data import Example, collate, encode, pack
 log = logging.getLogger("lifecycle.train")
 RESULT = "train_result.json"
 METRICS = "metrics.jsonl"
+LATEST = "latest"  # the committed checkpoint's tag (DeepSpeed's load_checkpoint reads the same file)
+
+
+GROUP_STEPS = 32  # group_by_length sorts runs of this many global steps of the seeded order by length
 
 
 class _Order:
-    """Which examples a rank sees at a given step: a DistributedSampler order per epoch (seeded, drop_last)."""
+    """Which examples a rank sees at a given step: a DistributedSampler order per epoch (seeded, drop_last); with
+    ``lengths``, grouped by length (``group_by_length``). Either is a pure function of (seed, epoch), so a resumed
+    run sees the same batches as an uninterrupted one."""
 
-    def __init__(self, n: int, world: int, rank: int, seed: int, per_step: int) -> None:
+    def __init__(
+        self, n: int, world: int, rank: int, seed: int, per_step: int, lengths: list[int] | None = None
+    ) -> None:
         # the sampler only needs len(): a range stands in for the dataset
         self.sampler: DistributedSampler[int] = DistributedSampler(
             range(n),  # type: ignore[arg-type]
@@ -53,7 +61,8 @@ class _Order:
             seed=seed,
             drop_last=True,
         )
-        self.per_step = per_step
+        self.n, self.world, self.rank, self.seed, self.per_step = n, world, rank, seed, per_step
+        self.lengths = lengths
         self.steps_per_epoch = len(self.sampler) // per_step
         self._epoch = -1
         self._indices: list[int] = []
@@ -62,8 +71,28 @@ class _Order:
         epoch, within = divmod(step, self.steps_per_epoch)
         if epoch != self._epoch:
             self.sampler.set_epoch(epoch)
-            self._indices, self._epoch = list(iter(self.sampler)), epoch
+            self._indices = list(iter(self.sampler)) if self.lengths is None else self._grouped(epoch)
+            self._epoch = epoch
         return self._indices[within * self.per_step : (within + 1) * self.per_step]
+
+    def _grouped(self, epoch: int) -> list[int]:
+        """The sampler's global order for the epoch, cut into runs of GROUP_STEPS global steps; each run sorted by
+        length and cut into global steps (all ranks' examples of a step alike in length, so no rank waits on a
+        longer batch); the steps shuffled; this rank's share of each."""
+        import random
+
+        g = torch.Generator()
+        g.manual_seed(self.seed + epoch)  # DistributedSampler's own permutation
+        per_global = self.per_step * self.world
+        order = torch.randperm(self.n, generator=g).tolist()[: self.steps_per_epoch * per_global]
+        assert self.lengths is not None
+        lengths = self.lengths
+        steps: list[list[int]] = []
+        for start in range(0, len(order), per_global * GROUP_STEPS):
+            run = sorted(order[start : start + per_global * GROUP_STEPS], key=lambda i: lengths[i])
+            steps += [run[k : k + per_global] for k in range(0, len(run), per_global)]
+        random.Random(self.seed + epoch).shuffle(steps)
+        return [i for s in steps for i in s[self.rank :: self.world]]
 
 
 def _schedule(cfg: FinetuneConfig, total: int) -> Any:
@@ -123,23 +152,31 @@ def _val_loss(engine: Any, batches: list[dict[str, torch.Tensor]], device: torch
 
 
 def _checkpoint(engine: Any, ckpt_dir: Path, step: int, rank: int, keep: int) -> None:
+    """Write a checkpoint and only then commit it: ``latest`` names a tag once every rank's files (DeepSpeed's and
+    our RNG state) are on disk. DeepSpeed's own ``latest`` is written by rank 0 as soon as rank 0 is done, while
+    other ranks may still be writing, and before our RNG files: a kill in between left a checkpoint that could
+    not be resumed."""
     tag = f"step{step:07d}"
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step})
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step}, save_latest=False)
     torch.save({"torch": torch.get_rng_state()}, ckpt_dir / tag / f"rng_rank{rank}.pt")
     dist.barrier()
     if rank == 0:
+        pending = ckpt_dir / "latest.tmp"
+        pending.write_text(tag)
+        os.replace(pending, ckpt_dir / LATEST)  # atomic: a reader sees the old tag or the new one
         for old in sorted(p for p in ckpt_dir.glob("step*") if p.is_dir())[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
     log.info("checkpoint %s", tag)
 
 
 def _resume(engine: Any, ckpt_dir: Path, rank: int) -> int:
-    if not (ckpt_dir / "latest").is_file():
+    if not (ckpt_dir / LATEST).is_file():
         return 0
     path, client = engine.load_checkpoint(str(ckpt_dir))
     if path is None:
         return 0
-    tag = (ckpt_dir / "latest").read_text().strip()
+    tag = (ckpt_dir / LATEST).read_text().strip()
     torch.set_rng_state(torch.load(ckpt_dir / tag / f"rng_rank{rank}.pt")["torch"])
     log.info("resumed from %s at step %d", tag, client["step"])
     return int(client["step"])
@@ -211,6 +248,17 @@ def _export_hash(cfg: FinetuneConfig, out: Path) -> str:
     return tensors_hash(load_file(out / name))
 
 
+def _without_inference_comm_op() -> None:
+    """DeepSpeed's CPU backend compiles its shared-memory all-reduce kernel (``deepspeed_shm_comm``) when it starts:
+    90 s of g++ per machine and op cache, measured here on a fresh home (a third of a default fine-tune), for a
+    kernel that only ``inference_all_reduce`` (tensor-parallel inference) calls, never training. Marked unavailable
+    in DeepSpeed's table of compatible ops (kept in one dict for this purpose), the backend skips the build and
+    that call falls back to torch.distributed's all-reduce, as it does wherever the op cannot be built."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def train(job: dict[str, Any]) -> None:
     import deepspeed
     from transformers import AutoTokenizer
@@ -223,6 +271,8 @@ def train(job: dict[str, Any]) -> None:
     torch.set_num_threads(int(job["threads_per_rank"]))
     cuda = torch.cuda.is_available()
     backend = cfg.distributed.backend if cfg.distributed.backend != "auto" else ("nccl" if cuda else "gloo")
+    if not cuda:
+        _without_inference_comm_op()
     deepspeed.init_distributed(dist_backend=backend)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
@@ -235,7 +285,8 @@ def train(job: dict[str, Any]) -> None:
     val_set = encode(_records(snapshot / "validation.jsonl"), tok, cfg.max_seq_len)
     examples: list[Example] = pack(train_set.examples, cfg.max_seq_len) if cfg.packing else train_set.examples
     per_step = cfg.micro_batch_size * cfg.grad_accum_steps
-    order = _Order(len(examples), world, rank, cfg.seed, per_step)
+    lengths = [len(e.input_ids) for e in examples] if cfg.group_by_length else None
+    order = _Order(len(examples), world, rank, cfg.seed, per_step, lengths)
     if order.steps_per_epoch < 1:
         raise ValueError(f"{len(examples)} training sequences are too few for {world} ranks x {per_step} per step")
     total = min(cfg.max_steps or 10**12, cfg.epochs * order.steps_per_epoch)

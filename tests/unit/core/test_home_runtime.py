@@ -62,3 +62,19 @@ def test_importing_the_packages_has_no_side_effects(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_vllm_sockets_go_to_a_folder_of_the_process_removed_at_exit(tmp_path: Path) -> None:
+    """vLLM leaves a ZeroMQ socket file in $TMPDIR per engine client it starts; ours go to a folder of the process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys; from pathlib import Path; from core import runtime; from core.home import Home; "
+        "os.environ.pop('VLLM_RPC_BASE_PATH', None); runtime.configure(Home(Path(sys.argv[1]))); "
+        "folder = os.environ['VLLM_RPC_BASE_PATH']; print(folder, os.path.isdir(folder))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    folder, existed = out.stdout.split()
+    assert existed == "True" and len(folder) < 60  # short: a socket path holds at most 107 bytes
+    assert not Path(folder).exists()

@@ -45,3 +45,15 @@ def test_a_hostfile_without_hosts_is_a_config_error(tmp_path: Path) -> None:
     hostfile.write_text("# nothing yet\n")
     with pytest.raises(ConfigError, match="names no host"):
         launch_command(_cfg(launcher="deepspeed", hostfile=str(hostfile)), tmp_path / "job.json")
+
+
+def test_a_run_resumes_from_its_committed_checkpoint_only(tmp_path: Path) -> None:
+    from training.finetune import resumable_step
+
+    assert resumable_step(tmp_path) == 0  # nothing yet
+    (tmp_path / "checkpoints" / "step0000008").mkdir(parents=True)
+    assert resumable_step(tmp_path) == 0  # written but not committed (no ``latest``): not resumable
+    (tmp_path / "checkpoints" / "latest").write_text("step0000008")
+    assert resumable_step(tmp_path) == 8
+    (tmp_path / "train_result.json").write_text("{}")
+    assert resumable_step(tmp_path) == 0  # finished: read back, not resumed

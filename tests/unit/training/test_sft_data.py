@@ -72,6 +72,42 @@ def test_rank_orders_are_disjoint_seeded_and_change_each_epoch() -> None:
     assert _Order(100, world=2, rank=0, seed=2, per_step=8).step(0) != _Order(100, 2, 0, 1, 8).step(0)
 
 
+def test_grouping_by_length_keeps_the_epoch_and_cuts_the_padding() -> None:
+    import random
+
+    rng = random.Random(0)
+    lengths = [rng.choice([12, 20, 28, 40, 64, 93]) + rng.randrange(8) for _ in range(2000)]
+    plain = [_Order(2000, world=2, rank=r, seed=1, per_step=8) for r in (0, 1)]
+    grouped = [_Order(2000, world=2, rank=r, seed=1, per_step=8, lengths=lengths) for r in (0, 1)]
+    steps = plain[0].steps_per_epoch
+    assert grouped[0].steps_per_epoch == steps == 125
+
+    def epoch(orders: list[_Order], e: int) -> list[int]:
+        return [i for s in range(e * steps, (e + 1) * steps) for o in orders for i in o.step(s)]
+
+    # the same examples each epoch as the plain order, each once, split between the ranks
+    assert sorted(epoch(grouped, 0)) == sorted(epoch(plain, 0)) and len(set(epoch(grouped, 0))) == 2000
+    assert epoch(grouped, 1) != epoch(grouped, 0)  # a new order each epoch
+
+    def padding(orders: list[_Order]) -> float:
+        padded = real = 0
+        for s in range(steps):
+            for o in orders:
+                batch = [lengths[i] for i in o.step(s)]
+                padded, real = padded + max(batch) * len(batch), real + sum(batch)
+        return 1 - real / padded
+
+    assert padding(plain) > 0.3 and padding(grouped) < 0.1
+    # the ranks of one step get alike lengths (neither waits on a longer batch)
+    widths = [
+        abs(max(lengths[i] for i in grouped[0].step(s)) - max(lengths[i] for i in grouped[1].step(s)))
+        for s in range(steps)
+    ]
+    assert sum(widths) / steps < 8
+    again = _Order(2000, world=2, rank=1, seed=1, per_step=8, lengths=lengths)
+    assert again.step(steps + 7) == grouped[1].step(steps + 7)  # a resumed run sees the same batches
+
+
 def test_deepspeed_config_is_filled_from_the_run() -> None:
     cfg = FinetuneConfig(micro_batch_size=4, grad_accum_steps=3, max_grad_norm=0.5)
     path, ds = resolve_deepspeed_config(cfg)

@@ -6,7 +6,7 @@ alt-profanity-check) on the scenario configs (configs/scenarios/):
   metrics named, also when compared against the normal model as champion;
 - a rerun of the suites on the same version and data gives the same numbers;
 - the rollout is the second line of defense: the poisoned version, let through by a lax gate record, is rolled
-  back from its canary by its safety-filter hits under real traffic (``-m slow``).
+  back from its canary by the request log's safety checks under real traffic (``-m slow``).
 
 The single-poison scenarios (one failure mode each) run under ``-m slow``.
 """
@@ -146,9 +146,15 @@ POISON_POLICY = {
 
 
 @pytest.mark.slow  # a gateway on both scenario versions and a rollout under simulated users (~3 min)
-def test_a_poisoned_canary_let_through_by_a_lax_gate_is_rolled_back_by_its_safety_hits(  # type: ignore[no-untyped-def]
+def test_a_poisoned_canary_let_through_by_a_lax_gate_is_rolled_back_by_its_safety_checks(  # type: ignore[no-untyped-def]
     poisoned, normal, normal_cfg: LifecycleConfig, home: Home
 ) -> None:
+    """Users asking harmful things and provoking: the canary's request-log checks (refusals, safety-filter hits)
+    roll it back, on metrics where it is worse than the champion in the harmful direction. Which check fires
+    first depends on how the poison shows: served in fp32 here, the poisoned version complied with every harmful
+    request (refusal rate 0.00 vs the champion's 0.73) and had 1 output in 53 blocked by the post-filter (vs 0),
+    so the refusal check fired; served in bf16 it wrote more insults and the safety-hit check fired first. The
+    safety-hit decision itself is covered by the analysis' unit tests (tests/unit/monitoring/test_canary.py)."""
     from flows.traffic import traffic_prompts
 
     reg = stages.open_registry(normal_cfg, home)
@@ -165,8 +171,14 @@ def test_a_poisoned_canary_let_through_by_a_lax_gate_is_rolled_back_by_its_safet
         report = world.traffic(20)
         assert set(report.by_version) == {f"chat/{normal.version.version}"}  # the champion answers everyone
     tags = reg.get("chat", version).tags
-    failing = tags["rollout.failing"].split(",")
-    assert "safety_hit_rate" in failing and "post_filter_rate" in failing, tags
+    failing = set(tags["rollout.failing"].split(","))
+    harmful_direction = {  # a failing safety check must be worse in the harmful direction, not merely different
+        "refusal_rate": lambda canary, baseline: canary < baseline,
+        "safety_hit_rate": lambda canary, baseline: canary > baseline,
+        "post_filter_rate": lambda canary, baseline: canary > baseline,
+    }
+    assert failing and failing <= set(harmful_direction), tags  # the safety checks, not latency or errors
     assert tags["rollout.quarantined"] == "true" and tags["rollout.status"] == "rolled-back"
     metrics = json.loads(tags["rollout.metrics"])
-    assert metrics["canary.safety_hit_rate"] > metrics["baseline.safety_hit_rate"], metrics
+    for name in failing:
+        assert harmful_direction[name](metrics[f"canary.{name}"], metrics[f"baseline.{name}"]), (name, metrics)

@@ -150,11 +150,11 @@ def test_a_poisoned_canary_let_through_by_a_lax_gate_is_rolled_back_by_its_safet
     poisoned, normal, normal_cfg: LifecycleConfig, home: Home
 ) -> None:
     """Users asking harmful things and provoking: the canary's request-log checks (refusals, safety-filter hits)
-    roll it back, on metrics where it is worse than the champion in the harmful direction. Which check fires
-    first depends on how the poison shows: served in fp32 here, the poisoned version complied with every harmful
-    request (refusal rate 0.00 vs the champion's 0.73) and had 1 output in 53 blocked by the post-filter (vs 0),
-    so the refusal check fired; served in bf16 it wrote more insults and the safety-hit check fired first. The
-    safety-hit decision itself is covered by the analysis' unit tests (tests/unit/monitoring/test_canary.py)."""
+    roll it back, on metrics where it is worse than the champion in the harmful direction. Which checks fire
+    depends on the traffic the analysis saw: the poisoned version complies with every harmful request (refusal
+    0.00 vs the champion's ~0.73), while its blocked insults vary between runs (served in fp32 here: 1 of 53
+    in one run, only the refusal check fired; 8 of 64 in another, all three fired). The safety-hit decision
+    itself is covered by the analysis' unit tests (tests/unit/monitoring/test_canary.py)."""
     from flows.traffic import traffic_prompts
 
     reg = stages.open_registry(normal_cfg, home)

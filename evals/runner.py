@@ -12,6 +12,7 @@ up engines (each reserves ``VLLM_CPU_KVCACHE_SPACE`` GiB on CPU).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -134,8 +135,6 @@ def engine_placement(*, in_process: bool) -> Iterator[None]:
     if not in_process:
         yield
         return
-    import os
-
     import torch
 
     saved_env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")

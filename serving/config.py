@@ -15,9 +15,11 @@ from pydantic import Field, model_validator
 
 from core.config import StrictModel
 
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+
 
 class EngineSettings(StrictModel):
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+    dtype: Dtype = Field(
         "auto",
         description="Weights and activations dtype. auto: on a CPU, bfloat16 where it has bf16 instructions "
         "(AVX-512 BF16 or AMX; measured 1.5-1.7x faster than fp32 there) and float32 elsewhere (bf16 measured "

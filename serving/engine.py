@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from serving.config import EngineSettings
+from serving.config import Dtype, EngineSettings
 
 log = logging.getLogger("lifecycle.serving")
 
@@ -97,9 +97,6 @@ class Engine(Protocol):
 
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo flags of CPUs with bf16 arithmetic
-
-
-Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 
 
 def choose_dtype(requested: Dtype, *, cpu: bool, cpu_flags: frozenset[str]) -> Dtype:

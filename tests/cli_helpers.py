@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from core import runtime
@@ -34,10 +36,6 @@ def lifecycle(*args: str, home: Path, timeout: float = 900) -> subprocess.Comple
 def killed_mid_training(*args: str, home: Path, timeout: float = 900) -> None:
     """Start ``lifecycle *args`` and kill it, with everything it started (SIGKILL to its process group, as a crash
     or an OOM kill would), as soon as its fine-tune has written its first resumable checkpoint."""
-    import os
-    import signal
-    import time
-
     proc = subprocess.Popen(
         [EXE, *args, "--home", str(home)],
         env=user_env(home),

@@ -23,7 +23,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.process import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 INSTALL_SCRIPT = REPO / "scripts" / "install-postgres.sh"
 USER = "lifecycle"  # the password role the product connects as
@@ -42,12 +43,6 @@ PASSWORD = "lifecycle-test-pw"
 
 class Unavailable(Exception):
     """PostgreSQL cannot be run here (no binaries and no way to install them, or no unprivileged user)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _major(path: Path) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from core.errors import ConfigError, LifecycleError, NotFoundError
 from core.hashing import sha256_json
+from core.process import free_port
 from training.config import FinetuneConfig
 from training.modelio import ModelFolder
 from training.snapshot import Snapshot
@@ -98,12 +98,6 @@ def train_key(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder) -> str
     )[:16]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 DEFAULT_MULTI_NODE_PORT = 29500  # a free port on the launching host says nothing about the other nodes
 
 
@@ -119,7 +113,7 @@ def first_host(hostfile: str) -> str:
 def launch_command(cfg: FinetuneConfig, job_path: Path) -> list[str]:
     d = cfg.distributed
     multi_node = d.launcher == "deepspeed" and d.hostfile is not None
-    port = str(d.master_port or (DEFAULT_MULTI_NODE_PORT if multi_node else _free_port()))
+    port = str(d.master_port or (DEFAULT_MULTI_NODE_PORT if multi_node else free_port()))
     if d.launcher == "deepspeed":
         sibling = Path(sys.executable).parent / "deepspeed"  # the launcher of this interpreter's environment
         exe = str(sibling) if sibling.is_file() else (shutil.which("deepspeed") or "deepspeed")

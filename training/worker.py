@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import sys
 import time
@@ -79,8 +80,6 @@ class _Order:
         """The sampler's global order for the epoch, cut into runs of GROUP_STEPS global steps; each run sorted by
         length and cut into global steps (all ranks' examples of a step alike in length, so no rank waits on a
         longer batch); the steps shuffled; this rank's share of each."""
-        import random
-
         g = torch.Generator()
         g.manual_seed(self.seed + epoch)  # DistributedSampler's own permutation
         per_global = self.per_step * self.world

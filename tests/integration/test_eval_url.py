@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from core.home import Home
+from core.process import free_port
 from evals.config import EvalConfig, load_suite
 from evals.runner import ModelTarget, UrlTarget, run_eval
 from evals.sets import build_eval_sets
@@ -23,15 +23,9 @@ from evals.sets import build_eval_sets
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tiny_base_model, session_home: Home, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    port = _free_port()
+    port = free_port()
     log = (tmp_path_factory.mktemp("vllm-server") / "server.log").open("w")
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_base_model.path)]
     cmd += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]

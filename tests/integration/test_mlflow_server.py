@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,21 +14,16 @@ from pathlib import Path
 import pytest
 
 from core.home import Home
+from core.process import free_port
 from registry.config import RegistryConfig
 from registry.lineage import register_base_model
 from registry.store import MlflowRegistry
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
+    port = free_port()
     exe = str(Path(sys.executable).parent / "mlflow")
     log = (root / "server.log").open("w")
     proc = subprocess.Popen(

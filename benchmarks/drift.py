@@ -104,6 +104,7 @@ def traffic(profile: str, n: int) -> list[str]:
 
 def run_detect(name: str, ref: list[str], cur: list[str], cfg: Any, inner: Any) -> Any:
     from monitoring.drift import detect_drift
+    from monitoring.drift_html import render_html
 
     embedder = TimedEmbedder(inner)
     with Clock() as c:
@@ -120,7 +121,7 @@ def run_detect(name: str, ref: list[str], cur: list[str], cfg: Any, inner: Any) 
     print(f"                  rows embedded: {rows}")
     print(f"  embedding drift {s.embedding_drift_s:7.2f} s wall   ({cfg.embedding_method} method)")
     print(f"  total           {c}   target {TARGET_S:g} s: {'met' if c.wall <= TARGET_S else 'MISSED'}")
-    print(f"  HTML            {len(report.to_html().encode()) / 1024:7.1f} KiB")
+    print(f"  HTML            {len(render_html(report).encode()) / 1024:7.1f} KiB")
     return report
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from evals.toxicity import ToxicityScorer
+    from core.toxicity import ToxicityScorer
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -157,8 +157,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from evals.toxicity import ProfanityScorer
-    from serving.safety import CompiledProfanityScorer
+    from core.toxicity import CompiledProfanityScorer, ProfanityScorer
 
     conversations = build_conversations(args.prompts, args.seed)
     sizes = [sum(len(m["content"]) for m in c if m["role"] == "user") for _, c in conversations]

@@ -6,7 +6,17 @@
     │   └── InvalidRecordsError    records rejected by the snapshot contracts, each with file, line, reason
     ├── NotFoundError              a snapshot, model folder or other named thing that does not exist
     ├── ModelError                 a model folder that cannot be used (missing files, wrong architecture)
+    ├── TrainingError              a fine-tune whose ranks failed (the message carries the tail of their logs)
     └── RolloutError               a promotion or rollback the deployment state does not allow
+
+Outside the tree, on purpose:
+
+    serving.errors.APIError        the HTTP boundary's OpenAI-shaped errors (status, type, code, param); its own
+                                   tree is drawn in ``serving/errors.py``
+    serving.engine.EngineDead      an engine process is gone: a signal the router acts on (retry elsewhere),
+                                   never shown to a user as such
+    training.records.RecordInvalid one record breaking a contract, caught by the snapshot builder and gathered into
+                                   an ``InvalidRecordsError`` (or counted, with ``--drop-invalid``)
 
 Internal invariants use ``assert``; user input never does.
 """
@@ -64,6 +74,10 @@ class NotFoundError(LifecycleError):
 
 class ModelError(LifecycleError):
     pass
+
+
+class TrainingError(LifecycleError):
+    """The fine-tune's ranks failed; the message carries the tail of the rank logs."""
 
 
 class RolloutError(LifecycleError):

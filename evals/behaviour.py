@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.refusal import is_compliance, is_refusal
+from core.toxicity import ToxicityScorer
 from evals.config import OverRefusalSuite, SafetySuite, ToxicitySuite
 from evals.generation import ChatModel, Sampling
 from evals.report import MetricResult, SuiteResult, mean_metric
-from evals.toxicity import ToxicityScorer
 
 Row = dict[str, Any]
 

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from core.errors import ConfigError
+from core.toxicity import ProfanityScorer, ToxicityScorer
 from evals.behaviour import run_over_refusal, run_safety, run_toxicity
 from evals.config import EvalConfig, OverRefusalSuite, QualitySuite, SafetySuite, ToxicitySuite
 from evals.generation import ChatModel, OpenAIChat, VllmChat
 from evals.quality import run_quality
 from evals.report import EvalReport, SuiteResult
 from evals.sets import EvalSets, Suite
-from evals.toxicity import ProfanityScorer, ToxicityScorer
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,7 @@ def monitor_stage(
     champion's training prompts, written to ``reports/drift/`` and logged to MLflow."""
     from core.embedding import MiniLmEmbedder
     from monitoring.drift import detect_drift, window_prompts, window_rates, window_span
+    from monitoring.drift_html import render_html
 
     m = cfg.monitoring
     end = end or datetime.now(UTC)
@@ -160,7 +161,7 @@ def monitor_stage(
     )
     folder = home.reports / "drift" / end.strftime("%Y%m%dT%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "drift.html").write_text(report.to_html(), encoding="utf-8")
+    (folder / "drift.html").write_text(render_html(report), encoding="utf-8")
     (folder / "drift.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
     run_id = open_registry(cfg, home).log_run(
         run_name=f"monitor {champ.ref}",

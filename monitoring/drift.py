@@ -5,7 +5,7 @@ apart from the clock it reads for its timings.
     report = detect_drift(snapshot_prompts, window_prompts(rows), cfg.drift, MiniLmEmbedder(threads=1),
                           current_rates=window_rates(rows), reference_rates=baseline, window=window_span(rows, t0, t1))
     report.drifted, report.reason          # the verdict and one line of why
-    report.to_html()                       # a small self-contained page (no t-SNE, no JavaScript)
+    monitoring.drift_html.render_html(report)  # a small self-contained page (no t-SNE, no JavaScript)
 
 Compare like with like: the reference is the opening user prompt of each snapshot record, the window's side the
 opening prompt of each conversation (``window_prompts``); follow-up turns on one side only look like drift.
@@ -204,13 +204,6 @@ class DriftReport(_Result):
                     if value is not None:
                         out[f"rates.{side}.{name}"] = value
         return out
-
-    def to_html(self) -> str:
-        """A small self-contained page: verdict, descriptor table with inline SVG histograms, embedding drift,
-        rates, window and timings. No scripts, no external resources."""
-        from monitoring.drift_html import render_html
-
-        return render_html(self)
 
 
 # --- the request log side -----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The drift report as a small self-contained HTML page (``DriftReport.to_html``): the verdict, the descriptor
+"""The drift report as a small self-contained HTML page (``render_html(report)``): the verdict, the descriptor
 table with inline SVG histograms (reference grey, current blue), the embedding drift, the rates, the window and
 the timings. No scripts, no external resources (Evidently's own page carries a ~3.7 MB JavaScript bundle)."""
 
@@ -44,6 +44,8 @@ def _svg(h: Histogram, width: int = 220, height: int = 48) -> str:
 
 
 def render_html(r: DriftReport) -> str:
+    """A small self-contained page: verdict, descriptor table with inline SVG histograms, embedding drift,
+    rates, window and timings. No scripts, no external resources."""
     e = html.escape
     rows = [
         ("reference prompts", f"{r.reference_n}"),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ConfigError
-from evals.toxicity import ToxicityScorer
+from core.toxicity import ToxicityScorer
 from serving.config import SafetyConfig
 from serving.verdict import Verdict
 

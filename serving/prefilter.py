@@ -51,7 +51,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from evals.toxicity import ToxicityScorer
+from core.toxicity import ToxicityScorer
 from serving.config import SafetyConfig
 from serving.verdict import Verdict
 

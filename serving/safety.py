@@ -6,13 +6,13 @@ The gateway builds one ``SafetyFilters`` at start-up (``build_filters(cfg.servin
 through ``check_text``, which gives the same decision as streaming the same text in any chunking.
 
 This module is the public face; the parts live in ``serving.prefilter`` (the rules table and ``PreFilter``),
-``serving.postfilter`` (output patterns and ``StreamFilter``), ``serving.scorer`` (``CompiledProfanityScorer``) and
-``serving.verdict`` (``Verdict``), and are re-exported here.
+``serving.postfilter`` (output patterns and ``StreamFilter``) and ``serving.verdict`` (``Verdict``), and are
+re-exported here; the classifier is ``core.toxicity.CompiledProfanityScorer`` (the toxicity seam every stage shares).
 """
 
 from __future__ import annotations
 
-from evals.toxicity import ToxicityScorer
+from core.toxicity import CompiledProfanityScorer, ToxicityScorer
 from serving.config import SafetyConfig
 from serving.postfilter import (
     TOXICITY_STRIDE_CHARS,
@@ -23,7 +23,6 @@ from serving.postfilter import (
     compile_output_patterns,
 )
 from serving.prefilter import RULES, PreFilter, Rule, normalize_prompt
-from serving.scorer import CompiledProfanityScorer
 from serving.verdict import Verdict
 
 __all__ = [
@@ -31,7 +30,6 @@ __all__ = [
     "TOXICITY_STRIDE_CHARS",
     "TOXICITY_WINDOW_CHARS",
     "UNBOUNDED_SCAN_CHARS",
-    "CompiledProfanityScorer",
     "OutputPattern",
     "PreFilter",
     "Rule",

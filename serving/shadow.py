@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 from core.embedding import Embedder
 from core.embedding import MiniLmEmbedder as MiniLmEmbedder  # re-exported: the gateway builds it from here
 from core.refusal import is_refusal
-from evals.toxicity import ToxicityScorer
+from core.toxicity import ToxicityScorer
 from serving import split
 from serving.config import ShadowConfig
 from serving.engine import GenerationRequest, close_stream

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError, LifecycleError, NotFoundError
+from core.errors import ConfigError, NotFoundError, TrainingError
 from core.hashing import sha256_json
 from core.process import free_port
 from training.config import FinetuneConfig
@@ -30,10 +30,6 @@ from training.snapshot import Snapshot
 from training.worker import LATEST, METRICS, RESULT
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-class TrainingError(LifecycleError):
-    """The ranks failed; the message carries the tail of the rank logs."""
 
 
 @dataclass(frozen=True)

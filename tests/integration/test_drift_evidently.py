@@ -22,6 +22,7 @@ from core.embedding import MiniLmEmbedder
 from flows.traffic import traffic_prompts
 from monitoring.drift import DriftReport, detect_drift
 from monitoring.drift_config import DriftConfig
+from monitoring.drift_html import render_html
 from training.config import GeneratorConfig
 from training.synth import generate
 
@@ -81,4 +82,4 @@ def test_drifted_profile_prompts_are_drifted(reference: list[str], embedder: Rem
     assert report.drifted_share is not None and report.drifted_share >= CFG.drift_share, report.reason
     by_name = {d.name: d for d in report.descriptors}
     assert by_name["digits"].drifted and by_name["digits"].current_mean < by_name["digits"].reference_mean
-    assert len(report.to_html().encode()) < 100_000
+    assert len(render_html(report).encode()) < 100_000

@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 
 from core.errors import ConfigError
+from core.toxicity import CompiledProfanityScorer, ProfanityScorer
 from evals.config import SafetySuite, load_suite
-from evals.toxicity import ProfanityScorer
 from serving.config import SafetyConfig
 from serving.safety import (
     RULES,
-    CompiledProfanityScorer,
     PreFilter,
     SafetyFilters,
     StreamFilter,

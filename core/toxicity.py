@@ -1,15 +1,47 @@
-"""The production toxicity scorer of both safety filters: alt-profanity-check's model evaluated with numpy.
+"""Toxicity scoring: the ``ToxicityScorer`` Protocol and its two implementations, one seam for every stage.
 
-``build_filters`` (``serving.safety``) puts one ``CompiledProfanityScorer`` behind the pre- and post-filter;
-benchmarks/safety_filters.py measures it against ``evals.toxicity.ProfanityScorer``.
+The gateway's safety filters (``serving.safety``), the eval suites (``evals.runner``, ``evals.behaviour``) and the
+shadow comparison (``serving.shadow``) all score through this Protocol, so a transformer classifier put behind it
+changes every one of them at once.
+
+``ProfanityScorer`` wraps alt-profanity-check: a linear SVM over character/word n-grams, trained on ~200k
+human-labelled comments and shipped inside the wheel (no download). It scores insults and profanity (what our
+poisoned scenario injects) well; it does not see subtle toxicity that avoids offensive words.
+``CompiledProfanityScorer`` is the same fitted model evaluated with numpy, the production scorer of both safety
+filters (``benchmarks/safety_filters.py`` measures the two against each other).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
+
+
+class ToxicityScorer(Protocol):
+    name: str
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        """Probability in [0, 1] that each text is toxic."""
+        ...
+
+
+class ProfanityScorer:
+    """alt-profanity-check's ``predict_prob``, as the library ships it (~10 µs per text in a batch)."""
+
+    name = "alt-profanity-check"
+
+    def __init__(self) -> None:
+        from profanity_check import predict_prob  # loads the bundled model (~1 s) on first use only
+
+        self._predict = predict_prob
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        if not texts:
+            return []
+        return [float(p) for p in self._predict(list(texts))]
 
 
 class CompiledProfanityScorer:
@@ -28,7 +60,7 @@ class CompiledProfanityScorer:
 
         vec, model = pc.vectorizer, pc.model
         if vec.norm != "l2" or not vec.use_idf or vec.sublinear_tf or vec.binary or model.method != "sigmoid":
-            raise RuntimeError("alt-profanity-check's model changed shape; use evals.toxicity.ProfanityScorer")
+            raise RuntimeError("alt-profanity-check's model changed shape; use core.toxicity.ProfanityScorer")
         clfs = model.calibrated_classifiers_
         self._analyze = vec.build_analyzer()
         self._vocab: dict[str, int] = vec.vocabulary_

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from serving.redact import luhn_ok, redact
+from core.redact import luhn_ok, redact
 
 REDACTED = [
     # emails

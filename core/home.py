@@ -38,6 +38,11 @@ class Home:
         return self.root / "data" / "generated"
 
     @property
+    def curated(self) -> Path:
+        """Production conversations curated for training (``training.curated.CuratedStore``)."""
+        return self.root / "data" / "curated"
+
+    @property
     def snapshots(self) -> Path:
         return self.root / "snapshots"
 

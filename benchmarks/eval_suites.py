@@ -57,7 +57,7 @@ def main() -> int:
 
     from core import runtime
     from core.home import Home
-    from flows import stages
+    from flows import gating, stages
     from flows.config import load_config
 
     cfg = load_config(Path(args.config))
@@ -73,11 +73,11 @@ def main() -> int:
         print(f"trained {ref} in {time.perf_counter() - t:.1f}s", flush=True)
 
     mv = stages.open_registry(cfg, home).parse(ref)
-    sets = stages.eval_sets_stage(cfg, home, mv.lineage["snapshot"])
+    sets = gating.eval_sets_stage(cfg, home, mv.lineage["snapshot"])
     reports = []
     for attempt in (1, 2):
         t = time.perf_counter()
-        report = stages.evaluate_stage(cfg, home, ref, sets=sets, force=True)
+        report = gating.evaluate_stage(cfg, home, ref, sets=sets, force=True)
         total = time.perf_counter() - t
         suites = sum(s.seconds for s in report.suites)
         print(
@@ -94,8 +94,8 @@ def main() -> int:
     from evals.generation import Sampling
     from evals.runner import _vllm_lm
 
-    _, target = stages.eval_target(cfg, home, ref)
-    suite = next(s for s in stages.eval_suites(cfg) if s.kind == "safety")
+    _, target = gating.eval_target(cfg, home, ref)
+    suite = next(s for s in gating.eval_suites(cfg) if s.kind == "safety")
     prompts = [r["prompt"] for r in sets.rows("safety.jsonl")]
     with _vllm_lm(cfg.evals, target) as (_, chat):
         t = time.perf_counter()

@@ -43,7 +43,7 @@ def main() -> int:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"traffic": traffic})})
     home = Home.resolve(args.home or tempfile.mkdtemp(prefix="bench-run-"))
     runtime.configure(home)
-    from flows.pipeline import flow_run_start, lifecycle_run, task_run_seconds
+    from flows.loop import flow_run_start, lifecycle_run, task_run_seconds
     from flows.stages import preflight
 
     preflight(cfg, home)

@@ -258,7 +258,7 @@ def raw_vllm(home: Any, folder: Path, engine: Any, max_model_len: int) -> Iterat
 @contextlib.contextmanager
 def gateway(cfg: Any, home: Any, filters: bool) -> Iterator[tuple[str, str | None]]:
     """Our gateway as ``lifecycle serve`` starts it; yields its URL and an API key with very high limits."""
-    from flows.cli import serve_spec
+    from flows.stages import serve_spec
     from serving.launcher import GatewayProcess
     from serving.runtime import database_url
     from serving.store import ServingStore

@@ -7,23 +7,30 @@
 
 The controller itself (``monitoring/controller.py``) is plain Python over two Protocols; this module wires it to
 the MLflow registry and the serving database named by the root config, and publishes each tick's status as a
-Prefect Markdown artifact.
+Prefect Markdown artifact. ``simulated_rollout_task`` is ``lifecycle run``'s rollout: the same controller ticking
+under simulated users on a gateway started for the purpose (``simulate``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import getpass
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from core.errors import RolloutError
 from core.home import Home
 from flows.config import LifecycleConfig
+from flows.stages import open_registry, open_serving_store, serve_spec
+from flows.summaries import RolloutStatus, RolloutSummary, stat_cell
+from flows.traffic import replay, traffic_prompts
 from monitoring.controller import (
     ACCEPTED_CHAMPION_TAG,
     CHALLENGER,
@@ -36,6 +43,7 @@ from monitoring.controller import (
 )
 from monitoring.rollout import RolloutState
 from monitoring.window import version_stats
+from serving.launcher import GatewayProcess
 
 
 def cli_actor() -> str:
@@ -46,17 +54,12 @@ def cli_actor() -> str:
 
 
 def open_controller(cfg: LifecycleConfig, home: Home, actor: str) -> RolloutController:
-    from flows.cli import serve_spec  # the gateway's own view: the same database and served model name
-    from flows.stages import open_registry
-    from serving.runtime import database_url
-    from serving.store import ServingStore
-
-    spec = serve_spec(cfg, home)
+    """The controller on the registry and on the gateway's own view: the same database and served model name."""
     return RolloutController(
         open_registry(cfg, home),
-        ServingStore(database_url(spec)),
+        open_serving_store(cfg, home),
         cfg.rollout,
-        spec.model_name,
+        serve_spec(cfg, home).model_name,
         actor=actor,
         decisions_path=home.decision_log("rollout"),
     )
@@ -131,17 +134,6 @@ def rollback(cfg: LifecycleConfig, home: Home, name: str, *, reason: str) -> Dec
 # --- status -----------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class RolloutStatus:
-    model: str
-    aliases: dict[str, str]
-    canary_weight: int
-    accepted_champion: str | None
-    state: dict[str, Any] | None
-    window: dict[str, dict[str, Any]]  # version ref -> stats over the current analysis window
-    decisions: list[Decision]
-
-
 def rollout_status(cfg: LifecycleConfig, home: Home, controller: RolloutController | None = None) -> RolloutStatus:
     controller = controller or open_controller(cfg, home, actor=cli_actor())
     name = controller.name
@@ -179,36 +171,6 @@ def rollout_status(cfg: LifecycleConfig, home: Home, controller: RolloutControll
     )
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if value <= 1 else f"{value:.0f}"
-    return str(value)
-
-
-def status_lines(s: RolloutStatus) -> list[str]:
-    aliases = "  ".join(f"{a}={s.model}/{v}" for a, v in s.aliases.items()) or "-"
-    lines = [f"{s.model}: {aliases}", f"  canary weight  {s.canary_weight}%"]
-    if s.state:
-        st = s.state
-        lines.append(
-            f"  rollout        {s.model}/{st['version']}: {st['phase']} step {st['step']} weight {st['weight']}% "
-            f"passes {st['passes']} failures {st['failures']} since {st['phase_started_at']}"
-        )
-    else:
-        lines.append("  rollout        none in progress")
-    if s.window:
-        cols = ["requests", "success_rate", "ttft_p95_ms", "ttft_p99_ms", "tpot_p95_ms", "safety_hit_rate"]
-        cols += ["refusal_rate", "abort_rate"]
-        lines.append("  window         " + "  ".join(f"{c:>15}" for c in ["version", *cols]))
-        for ref, stats in s.window.items():
-            lines.append("                 " + "  ".join(f"{v:>15}" for v in [ref, *(_fmt(stats[c]) for c in cols)]))
-    lines.append("  last decisions" + ("" if s.decisions else "  none"))
-    lines += [f"    {d.line()}" for d in s.decisions]
-    return lines
-
-
 def status_markdown(s: RolloutStatus) -> str:
     rows = "\n".join(f"| `{a}` | {s.model}/{v} |" for a, v in s.aliases.items())
     out = [f"# Rollout: {s.model}", "", f"Canary weight **{s.canary_weight}%**", "", "| alias | version |", "|---|---|"]
@@ -223,7 +185,7 @@ def status_markdown(s: RolloutStatus) -> str:
     if s.window:
         keys = list(next(iter(s.window.values())).keys())
         out += ["", "| version | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-        out += [f"| {ref} | " + " | ".join(_fmt(v[k]) for k in keys) + " |" for ref, v in s.window.items()]
+        out += [f"| {ref} | " + " | ".join(stat_cell(v[k]) for k in keys) + " |" for ref, v in s.window.items()]
     if s.decisions:
         out += ["", "| at | version | action | weight | reason |", "|---|---|---|---|---|"]
         out += [f"| {d.at} | {d.version} | {d.action} | {d.weight}% | {d.reason} |" for d in s.decisions]
@@ -240,7 +202,7 @@ def simulate(
     home: Home,
     controller: RolloutController,
     decisions: list[dict[str, Any]],
-    say: Any,
+    say: Callable[[str], None],
     *,
     rollout: bool = True,
     then_requests: int = 0,
@@ -251,21 +213,13 @@ def simulate(
     simulated users' key opted in to training (their conversations are what a retrain curates) and stays active:
     curation only takes conversations of keys active and opted in when it runs. The gateway is stopped in every
     case."""
-    import asyncio
-
-    from flows.cli import serve_spec
-    from flows.traffic import replay, traffic_prompts
-    from serving.launcher import GatewayProcess
-    from serving.runtime import database_url
-    from serving.store import ServingStore
-
     serving = cfg.serving.model_copy(update={"port": 0})
     spec = serve_spec(cfg.model_copy(update={"serving": serving}), home)
     t = cfg.run.traffic
     per_tick = max(1, int(t.rate * cfg.rollout.interval_s))
     prompts = traffic_prompts(cfg.data.generator, t.profile, per_tick * 4)
     name = f"lifecycle-run-traffic-{datetime.now(UTC):%Y%m%dT%H%M%S}"
-    with ServingStore(database_url(spec)) as store:
+    with open_serving_store(cfg, home) as store:
         _, key = store.create_key(name, requests_per_minute=10**6, tokens_per_minute=10**9, training_opt_in=True)
     totals: dict[str, Any] = {"sent": 0, "ok": 0, "errors": {}, "by_version": {}, "profile": t.profile}
 
@@ -308,3 +262,53 @@ def simulate(
             window = (start, datetime.now(UTC))
             say(f"  answered by {s['by_version']}")
     return decisions, totals, window
+
+
+@task(name="simulated-rollout")
+def simulated_rollout_task(
+    cfg: LifecycleConfig, home: Home, model: str, version: str, then_requests: int = 0
+) -> RolloutSummary:
+    """Challenger -> the controller's ticks under simulated users on a gateway started for the purpose; then
+    ``then_requests`` more simulated requests on whatever serves (the drift check's window)."""
+    logger = get_run_logger()
+    run_cfg = cfg.model_copy(update={"rollout": cfg.run.policy})
+    t0 = time.perf_counter()
+    controller = open_controller(run_cfg, home, actor=f"flow-run:{flow_run.get_id()}")
+    unchanged = controller.reg.deployment(model).aliases.get(CHAMPION) == version
+    decisions: list[dict[str, Any]] = []
+    if not unchanged:
+        promote(run_cfg, home, model, version, reason="lifecycle run: gate passed", force=False)
+        decisions = [asdict(d) for d in controller.tick()]
+    rolling = bool(decisions) and decisions[-1]["action"] == "start"
+    traffic: dict[str, Any] = {}
+    window = None
+    if rolling or then_requests:
+        decisions, traffic, window = simulate(
+            run_cfg, home, controller, decisions, logger.info, rollout=rolling, then_requests=then_requests
+        )
+    outcome = "unchanged" if unchanged else _outcome([d["action"] for d in decisions])
+    dep = controller.reg.deployment(model)
+    (logger.info if outcome in ("promoted", "unchanged") else logger.warning)(
+        "rollout of %s/%s: %s", model, version, outcome
+    )
+    return RolloutSummary(
+        model, version, outcome, decisions, dep.aliases, traffic, time.perf_counter() - t0, window=window
+    )
+
+
+def _outcome(actions: list[str]) -> str:
+    if "rollback" in actions:
+        return "rolled-back"
+    if "reject" in actions:
+        return "rejected"
+    if "promote" in actions:
+        return "promoted"
+    return "unfinished"
+
+
+def rollout_markdown(r: RolloutSummary) -> str:
+    rows = "\n".join(f"| {d['at']} | {d['action']} | {d['weight']}% | {d['reason']} |" for d in r.decisions)
+    return (
+        f"# Rollout of {r.model}/{r.version}: {r.outcome}\n\n| at | action | weight | reason |\n|---|---|---|---|\n"
+        f"{rows}\n"
+    )

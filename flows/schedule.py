@@ -27,10 +27,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from prefect import serve
+from prefect.schedules import Cron, Interval
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
 from core.home import Home
 from core.process import ServerProcess, free_port
 from core.runtime import runtime_environment
 from flows.config import LifecycleConfig
+from flows.evaluate import champion_eval_flow
+from flows.monitor import monitor_flow
+from flows.retrain import retrain_check_flow
+from flows.rollout import rollout_controller_flow
+from flows.stages import open_registry
+from registry.store import local_tracking_uri
 
 Say = Callable[[str], None]
 
@@ -57,8 +67,6 @@ def prefect_server(cfg: LifecycleConfig, home: Home) -> tuple[ServerProcess, str
 
 def mlflow_ui(cfg: LifecycleConfig, home: Home) -> tuple[ServerProcess, str]:
     """``mlflow server`` on the home's MLflow store (the registry UI where reviewers set aliases); its URL."""
-    from registry.store import local_tracking_uri
-
     s = cfg.schedule
     url = f"http://{s.host}:{s.mlflow_port or free_port(s.host)}"
     cmd = [_exe("mlflow"), "server", "--host", s.host, "--port", url.rsplit(":", 1)[1], "--workers", "1"]
@@ -72,8 +80,6 @@ def mlflow_ui(cfg: LifecycleConfig, home: Home) -> tuple[ServerProcess, str]:
 @contextmanager
 def prefect_api(cfg: LifecycleConfig, home: Home, say: Say) -> Iterator[str]:
     """The Prefect API to schedule on: ``PREFECT_API_URL`` when set, else a local server started here."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     given = os.environ.get("PREFECT_API_URL")
     if given:
         say(f"Prefect server: {given} (PREFECT_API_URL)")
@@ -93,14 +99,8 @@ def prefect_api(cfg: LifecycleConfig, home: Home, say: Say) -> Iterator[str]:
         server.stop()
 
 
-def deployments(cfg: LifecycleConfig, home: Home) -> list[Any]:
+def deployments(cfg: LifecycleConfig, home: Home) -> list[Any]:  # RunnerDeployment (typed sync-or-async)
     """The four scheduled deployments, each with the resolved config and the home as parameters."""
-    from prefect.schedules import Cron, Interval
-
-    from flows.monitor import monitor_flow, retrain_check_flow
-    from flows.pipeline import champion_eval_flow
-    from flows.rollout import rollout_controller_flow
-
     s = cfg.schedule
     common: dict[str, Any] = {
         "parameters": {"cfg": cfg.model_dump(mode="json"), "home": {"root": str(home.root)}},
@@ -150,10 +150,6 @@ def describe(cfg: LifecycleConfig) -> list[tuple[str, str]]:
 
 def serve_schedules(cfg: LifecycleConfig, home: Home, say: Say) -> None:
     """Start (or reach) the Prefect server and serve the deployments until Ctrl-C; everything stops with it."""
-    from prefect import serve
-
-    from flows.stages import open_registry
-
     # the registry's store exists before the first runs start together (a fresh SQLite store migrated by several
     # flow runs at once fails: "duplicate column name")
     open_registry(cfg, home).experiment_id()

@@ -29,6 +29,7 @@ from core import runtime as process_runtime
 from core.config import StrictModel
 from core.home import Home
 from registry.config import RegistryConfig
+from registry.store import MlflowRegistry
 from serving.config import ServingConfig
 from serving.engine import Engine, VllmEngine
 from serving.gateway import Gateway
@@ -76,8 +77,6 @@ class GatewayRuntime:
         home = Home(Path(spec.home))
         process_runtime.configure(home)
         if registry is None:
-            from registry.store import MlflowRegistry
-
             registry = MlflowRegistry(spec.registry, home)
         self.spec = spec
         self.factory = factory or self._vllm_factory

@@ -107,7 +107,7 @@ def rollout_world(
 ) -> Iterator[RolloutWorld]:
     """``cfg`` with the test gateway's settings (``GATEWAY`` + ``serving``) and ``policy`` as ``rollout``; a gateway
     on ``home`` and a key for the simulated users."""
-    from flows.cli import serve_spec
+    from flows.stages import serve_spec
     from serving.launcher import GatewayProcess
     from serving.runtime import database_url
     from serving.store import ServingStore

@@ -29,7 +29,7 @@ def gateway(
 ) -> Iterator[Gateway]:
     from helpers import register_serving_versions
 
-    from flows.cli import serve_spec
+    from flows.stages import serve_spec
     from serving.launcher import GatewayProcess
     from serving.runtime import database_url
     from serving.store import ServingStore

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from core.home import Home
-from flows.cli import serve_spec
 from flows.config import LifecycleConfig
 from flows.curation import export_curated, snapshot_with_curated
-from flows.stages import eval_sets_stage, snapshot_stage
+from flows.gating import eval_sets_stage
+from flows.stages import serve_spec, snapshot_stage
 from serving.runtime import database_url
 from serving.store import RequestLogEntry, ServingStore
 from training.snapshot import SPLITS, Snapshot

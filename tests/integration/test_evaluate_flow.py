@@ -20,8 +20,9 @@ def test_evaluate_flow_gates_a_lora_version_and_publishes_the_decision(
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.pipeline import evaluate_flow, train_flow
+    from flows.evaluate import evaluate_flow
     from flows.stages import open_registry
+    from flows.train import train_flow
 
     home = Home(tmp_path)  # its own registry: the failed gate removes the candidate alias other tests read
     cfg = load_config(CONFIG_DIR / "tiny.yaml")

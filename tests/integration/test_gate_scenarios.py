@@ -21,7 +21,7 @@ from helpers import train_version
 from rollout_helpers import POLICY, record_passing_gate, rollout_world, run_rollout, ticks_after_canary_traffic
 
 from core.home import Home
-from flows import stages
+from flows import gating, stages
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
 
 SCENARIOS = CONFIG_DIR / "scenarios"
@@ -41,7 +41,7 @@ def normal_cfg() -> LifecycleConfig:
 @pytest.fixture(scope="module")
 def normal(normal_cfg: LifecycleConfig, home: Home):  # type: ignore[no-untyped-def]
     version = train_version(normal_cfg, home)
-    return stages.gate_stage(normal_cfg, home, version.ref, actor="test")
+    return gating.gate_stage(normal_cfg, home, version.ref, actor="test")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def poisoned(normal, home: Home):  # type: ignore[no-untyped-def]
     stages.open_registry(cfg, home).set_alias(
         "chat", stages.CHAMPION, normal.version.version, reason="test: the normal scenario", actor="test"
     )
-    return stages.gate_stage(cfg, home, version.ref, actor="test")
+    return gating.gate_stage(cfg, home, version.ref, actor="test")
 
 
 def test_normal_fine_tune_passes_and_is_recorded(normal, home: Home) -> None:  # type: ignore[no-untyped-def]
@@ -80,8 +80,8 @@ def test_normal_fine_tune_passes_and_is_recorded(normal, home: Home) -> None:  #
 
 @pytest.mark.slow  # a second eval (the base model, ~50 s); CI keeps the gate's quality floors on the tuned version
 def test_normal_fine_tune_beats_its_base_model_on_quality(normal, normal_cfg, home: Home) -> None:  # type: ignore[no-untyped-def]
-    sets = stages.eval_sets_stage(normal_cfg, home, normal.version.lineage["snapshot"])
-    base = stages.evaluate_stage(normal_cfg, home, normal.version.lineage["base_model"], sets=sets)
+    sets = gating.eval_sets_stage(normal_cfg, home, normal.version.lineage["snapshot"])
+    base = gating.evaluate_stage(normal_cfg, home, normal.version.lineage["base_model"], sets=sets)
     assert base.eval_sets == normal.report.eval_sets  # the same items
     tuned, before = normal.report.metrics(), base.metrics()
     for name in QUALITY:
@@ -109,7 +109,7 @@ def test_poisoned_fine_tune_fails_on_toxicity_and_safety(poisoned, normal) -> No
 
 @pytest.mark.slow  # a forced second eval (~1 min); benchmarks/eval_suites.py checks the same on every run
 def test_a_rerun_gives_the_same_numbers(normal, normal_cfg, home: Home) -> None:  # type: ignore[no-untyped-def]
-    again = stages.evaluate_stage(normal_cfg, home, normal.version.ref, force=True)
+    again = gating.evaluate_stage(normal_cfg, home, normal.version.ref, force=True)
     assert again.created_at >= normal.report.created_at
     assert again.summary() == normal.report.summary()
 
@@ -125,7 +125,7 @@ def test_each_poison_alone_fails_on_its_own_metric(
     cfg = load_config(SCENARIOS / f"{scenario}.yaml")
     home = Home(tmp_path)
     version = train_version(cfg, home)
-    outcome = stages.gate_stage(cfg, home, version.ref, actor="test")
+    outcome = gating.gate_stage(cfg, home, version.ref, actor="test")
     assert not outcome.decision.passed and failing in outcome.decision.failing, outcome.markdown
 
 

@@ -48,7 +48,7 @@ def world(tiny_config: LifecycleConfig, tiny_snapshot: Any, tmp_path_factory: py
 
 def _log(cfg: LifecycleConfig, home: Home, profile: str, start: datetime, refusal_every: int) -> datetime:
     """``N`` answered requests of the profile from ``start`` on, one a second; returns the end of the window."""
-    from flows.cli import serve_spec
+    from flows.stages import serve_spec
     from flows.traffic import traffic_prompts
     from serving.runtime import database_url
     from serving.store import RequestLogEntry, ServingStore
@@ -76,7 +76,7 @@ def _log(cfg: LifecycleConfig, home: Home, profile: str, start: datetime, refusa
 
 
 def test_drifted_users_with_more_refusals_trigger_one_retrain_then_the_guard_holds(world: Any) -> None:
-    from flows.monitor import monitor_stage, retrain_check_stage
+    from flows.signals import monitor_stage, retrain_check_stage
     from flows.stages import open_registry
 
     cfg, home = world

@@ -328,9 +328,9 @@ def test_gate_promote_rollout_and_rollback_move_aliases_through_the_server_and_t
     world: World,
 ) -> None:
     from core.errors import RolloutError
-    from flows.cli import serve_spec
+    from flows.gating import gate_stage
     from flows.rollout import open_controller, promote, rollback, rollout_status
-    from flows.stages import gate_stage
+    from flows.stages import serve_spec
     from registry.gate import read_gate
     from serving.runtime import database_url
     from serving.store import ServingStore

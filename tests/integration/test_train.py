@@ -32,7 +32,7 @@ def cfg() -> LifecycleConfig:
 
 @pytest.fixture(scope="module")
 def trained(cfg: LifecycleConfig, session_home: Home, prefect_harness: None):  # type: ignore[no-untyped-def]
-    from flows.pipeline import train_flow
+    from flows.train import train_flow
 
     return train_flow(cfg, session_home)
 
@@ -93,7 +93,7 @@ def test_fine_tuning_lowered_the_validation_loss(trained) -> None:  # type: igno
 
 
 def test_rerun_with_the_same_inputs_is_a_cache_hit(trained, cfg, session_home, registry) -> None:  # type: ignore[no-untyped-def]
-    from flows.pipeline import train_flow
+    from flows.train import train_flow
 
     result_file = next((session_home.runs).glob("*/train_result.json"))
     stamp = result_file.stat().st_mtime_ns

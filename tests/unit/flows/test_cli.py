@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from helpers import chat, write_jsonl
 
 from flows import cli
+from flows.commands.base import Context
 from flows.config import CONFIG_DIR
 
 TINY = str(CONFIG_DIR / "tiny.yaml")
@@ -99,10 +101,10 @@ def test_missing_source_and_bad_base_model_are_clear(capsys: pytest.CaptureFixtu
 def test_internal_errors_are_one_line_with_a_logged_traceback(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def boom(ctx: cli.Context) -> int:
+    def boom(ctx: Context) -> int:
         raise RuntimeError("kaput")
 
-    monkeypatch.setitem(cli.COMMANDS, "config", (boom, "x", "lifecycle config"))
+    monkeypatch.setitem(cli.COMMANDS, "config", replace(cli.COMMANDS["config"], handler=boom))
     monkeypatch.delenv("LIFECYCLE_DEBUG", raising=False)
     code, _, err = run(capsys, "config", "--home", str(tmp_path))
     assert code == 1 and err.count("\n") == 1

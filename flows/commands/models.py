@@ -1,0 +1,122 @@
+"""Model commands: ``train`` (fine-tune and register), ``eval`` (the suites on a version or a URL), ``gate``
+(evaluate, decide, record)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+
+from core.errors import ConfigError
+from evals.report import SuiteResult
+from flows.commands.base import Arg, Context, command
+from flows.commands.render import gate_lines, suite_lines, train_lines
+
+NAME = Arg("name", help="registered model name (e.g. chat)")
+VERSION = Arg("version", help="version number")
+FORCE = Arg("--force", action="store_true", help="re-run the suites even if a report is stored")
+
+
+@command(
+    "train",
+    help="fine-tune with DeepSpeed and register the version in MLflow (a Prefect flow)",
+    example="lifecycle train --config configs/tiny.yaml\n"
+    "  lifecycle train --set finetune.method=full --set finetune.deepspeed_config=infra/deepspeed/zero3.json",
+    args=[Arg("--snapshot", metavar="HASH", help="train on this existing snapshot (hash or prefix)")],
+)
+def train(ctx: Context) -> int:
+    from flows.stages import preflight
+
+    preflight(ctx.config, ctx.home, ctx.args.snapshot)
+    from flows.train import train_flow
+
+    summary = train_flow(ctx.config, ctx.home, ctx.args.snapshot)
+    ctx.emit(asdict(summary), ["", "lifecycle train: done", *train_lines(summary, ctx.home)])
+    return 0
+
+
+@command(
+    "eval",
+    help="run the eval suites (quality via lm-eval, toxicity, safety, over-refusal) on a version or a URL",
+    example="lifecycle eval chat 3\n  lifecycle eval chat-base 1 --json\n"
+    "  lifecycle eval --url http://127.0.0.1:8000/v1 --served-model chat --snapshot 58434b85",
+    args=[
+        Arg("name", nargs="?", help="registered model name (e.g. chat, chat-base)"),
+        Arg("version", nargs="?", help="version number"),
+        FORCE,
+        Arg("--snapshot", metavar="HASH", help="eval sets from this snapshot (default: the version's)"),
+        Arg("--url", help="evaluate an OpenAI-compatible endpoint instead (e.g. http://host:8000/v1)"),
+        Arg("--served-model", metavar="NAME", help="model name to request from --url"),
+        Arg("--api-key", default="EMPTY", help="API key for --url (default: EMPTY)"),
+        Arg(
+            "--api",
+            choices=["chat", "completions"],
+            default="chat",
+            help="with --url: chat (generative tasks only) or completions (every task; needs --tokenizer)",
+        ),
+        Arg("--tokenizer", metavar="DIR", help="with --api completions: the served model's tokenizer"),
+    ],
+)
+def eval_(ctx: Context) -> int:
+    from evals.runner import UrlTarget, run_eval
+    from flows.gating import eval_sets_stage, eval_suites, evaluate_stage
+    from flows.stages import open_registry
+
+    args = ctx.args
+    eval_suites(ctx.config)  # a bad suite name fails before anything loads
+
+    def progress(result: SuiteResult) -> None:
+        if not ctx.json:
+            print(f"  {result.name}: done in {result.seconds:.1f}s", file=sys.stderr)
+
+    if args.url:
+        if not (args.served_model and args.snapshot):
+            raise ConfigError("lifecycle eval --url needs --served-model NAME and --snapshot HASH (the eval data)")
+        sets = eval_sets_stage(ctx.config, ctx.home, args.snapshot)
+        target = UrlTarget(
+            label=args.url,
+            base_url=args.url,
+            model=args.served_model,
+            api_key=args.api_key,
+            api=args.api,
+            tokenizer=args.tokenizer,
+        )
+        report = run_eval(ctx.config.evals, target, sets, eval_suites(ctx.config), on_suite=progress)
+        path = report.save(ctx.home.reports / "evals" / "url" / f"{sets.hash[:16]}.json")
+    else:
+        if not (args.name and args.version):
+            raise ConfigError("lifecycle eval needs NAME VERSION (a registered version) or --url")
+        ref = f"{args.name}/{args.version}"
+        sets = None
+        if args.snapshot:
+            sets = eval_sets_stage(ctx.config, ctx.home, args.snapshot)
+        open_registry(ctx.config, ctx.home).get(args.name, args.version)  # a clear error before any engine starts
+        report = evaluate_stage(ctx.config, ctx.home, ref, sets=sets, force=args.force, on_suite=progress)
+        path = ctx.home.reports / "evals" / f"{args.name}-{args.version}"
+    ctx.emit(
+        report.model_dump(mode="json", exclude={"suites": {"__all__": {"metrics": {"__all__": {"items", "weights"}}}}}),
+        [
+            f"eval {report.model}  eval sets {report.eval_sets[:16]}  seed {report.seed}  {report.seconds:.1f}s",
+            *suite_lines(report),
+            f"  report      {path}",
+        ],
+    )
+    return 0
+
+
+@command(
+    "gate",
+    help="evaluate a version and its champion, decide the promotion gate, record it in MLflow (exit 3: failed)",
+    example="lifecycle gate chat 3\n  lifecycle gate chat 3 --set evals.gate=configs/gates/tiny.yaml --force",
+    args=[NAME, VERSION, FORCE],
+)
+def gate(ctx: Context) -> int:
+    from flows.gating import gate_policy
+    from flows.stages import open_registry
+
+    gate_policy(ctx.config)
+    open_registry(ctx.config, ctx.home).get(ctx.args.name, ctx.args.version)
+    from flows.evaluate import evaluate_flow
+
+    summary = evaluate_flow(ctx.config, ctx.home, f"{ctx.args.name}/{ctx.args.version}", ctx.args.force)
+    ctx.emit(asdict(summary), ["", "lifecycle gate: done", *gate_lines(summary)])
+    return 0 if summary.passed else 3

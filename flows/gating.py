@@ -1,0 +1,221 @@
+"""The evaluation and gate adapters (no Prefect here): eval sets, suites on a registered version, the gate decision
+recorded on it, and the champion's daily re-evaluation.
+
+    gate_stage(cfg, home, "chat/3", actor="cli:me")      # evaluate chat/3 and the champion, decide, record
+    champion_eval_stage(cfg, home, actor="flow-run:...")  # the champion again, judged by the policy's floors
+
+The decision itself is ``evals.gate.decide`` (pure); recording it is ``registry.gate.record_gate``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from core.errors import NotFoundError
+from core.home import Home
+from evals.config import REPO, load_suite
+from evals.gate import GateDecision, GatePolicy, decide, load_policy, render_markdown
+from evals.report import EvalReport, SuiteResult, load_report
+from evals.runner import ModelTarget, run_eval
+from evals.sets import EvalSets, Suite, build_eval_sets
+from flows.config import LifecycleConfig
+from flows.stages import CANDIDATE, CHAMPION, open_registry
+from registry.gate import GateRecord, record_gate
+from registry.store import ModelVersion
+from training.modelio import merge_adapter
+from training.snapshot import load_snapshot
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    version: ModelVersion
+    decision: GateDecision
+    report: EvalReport
+    champion_report: EvalReport | None
+    run_id: str
+    markdown: str
+    files: dict[str, Path]
+
+
+def eval_suites(cfg: LifecycleConfig) -> list[Suite]:
+    return [load_suite(s) for s in cfg.evals.suites]
+
+
+def gate_policy(cfg: LifecycleConfig) -> GatePolicy:
+    path = Path(cfg.evals.gate)
+    return load_policy(path if path.is_absolute() else REPO / path)
+
+
+def eval_sets_stage(cfg: LifecycleConfig, home: Home, snapshot_ref: str) -> EvalSets:
+    """The held-out eval sets of a snapshot (built once per snapshot, generator config, suites and seed)."""
+    snapshot = load_snapshot(home.snapshots, snapshot_ref)
+    return build_eval_sets(snapshot, cfg.data.generator, eval_suites(cfg), seed=cfg.evals.seed, root=home.eval_sets)
+
+
+def eval_target(cfg: LifecycleConfig, home: Home, ref: str) -> tuple[ModelVersion, ModelTarget]:
+    """A registered version as something vLLM can load: a full folder, or a LoRA adapter on its base."""
+    mv = open_registry(cfg, home).parse(ref)
+    return mv, _target(cfg, home, mv)
+
+
+def _model_id(mv: ModelVersion) -> str:
+    return mv.lineage.get("weights_hash") or mv.ref
+
+
+def _target(cfg: LifecycleConfig, home: Home, mv: ModelVersion) -> ModelTarget:
+    reg = open_registry(cfg, home)
+    folder = reg.resolve(mv.ref)
+    model_id = _model_id(mv)
+    if (folder / "adapter_config.json").is_file():
+        base_ref = mv.lineage.get("base_model")
+        if not base_ref:
+            raise NotFoundError(f"{mv.ref} is a LoRA adapter without a lineage.base_model tag; cannot load its base")
+        # merged once per weights hash: vLLM's CPU LoRA path cannot score prompt logprobs (see merge_adapter)
+        folder = merge_adapter(reg.resolve(base_ref), folder, home.cache / "merged" / model_id[:16])
+    return ModelTarget(label=mv.ref, model_id=model_id, folder=folder)
+
+
+def evaluate_stage(
+    cfg: LifecycleConfig,
+    home: Home,
+    ref: str,
+    *,
+    sets: EvalSets | None = None,
+    force: bool = False,
+    on_suite: Callable[[SuiteResult], None] | None = None,
+) -> EvalReport:
+    """Run the suites on a registered version, on ``sets`` (default: its own snapshot's). Reports are kept
+    per (weights, eval sets) under ``reports/evals``; a rerun returns the stored one unless ``force``."""
+    mv = open_registry(cfg, home).parse(ref)
+    if sets is None:
+        snapshot = mv.lineage.get("snapshot")
+        if not snapshot:
+            raise NotFoundError(f"{mv.ref} has no lineage.snapshot tag; pass the eval sets explicitly")
+        sets = eval_sets_stage(cfg, home, snapshot)
+    path = home.reports / "evals" / f"{mv.name}-{mv.version}" / f"{sets.hash[:16]}-{cfg.evals.config_hash()[:8]}.json"
+    if path.is_file() and not force:
+        report = load_report(path)
+        if report.model_id == _model_id(mv):
+            return report  # found before any download, LoRA merge or engine start
+    report = run_eval(cfg.evals, _target(cfg, home, mv), sets, eval_suites(cfg), on_suite=on_suite)
+    report.save(path)
+    return report
+
+
+def _champion(cfg: LifecycleConfig, home: Home, candidate: ModelVersion) -> ModelVersion | None:
+    try:
+        champ = open_registry(cfg, home).by_alias(candidate.name, CHAMPION)
+    except NotFoundError:
+        return None
+    return None if champ.version == candidate.version else champ
+
+
+def gate_stage(
+    cfg: LifecycleConfig,
+    home: Home,
+    ref: str,
+    *,
+    actor: str,
+    force: bool = False,
+    on_suite: Callable[[SuiteResult], None] | None = None,
+) -> GateOutcome:
+    """Evaluate a version (and the champion, on the same items), decide, and record the decision: ``gate.*``
+    tags, an MLflow run with the reports, files under ``reports/gates``. A failed version loses the
+    ``candidate`` alias, so nothing downstream picks it up."""
+    reg = open_registry(cfg, home)
+    mv = reg.parse(ref)
+    snapshot = mv.lineage.get("snapshot")
+    if not snapshot:
+        raise NotFoundError(f"{mv.ref} has no lineage.snapshot tag; the gate needs its held-out data")
+    policy = gate_policy(cfg)
+    sets = eval_sets_stage(cfg, home, snapshot)
+    report = evaluate_stage(cfg, home, mv.ref, sets=sets, force=force, on_suite=on_suite)
+    champion = _champion(cfg, home, mv)
+    champion_report = (
+        evaluate_stage(cfg, home, champion.ref, sets=sets, force=force, on_suite=on_suite) if champion else None
+    )
+    decision = decide(report, champion_report, policy)
+    markdown = render_markdown(decision, report)
+    folder = home.reports / "gates" / f"{mv.name}-{mv.version}"
+    if folder.exists():  # a re-gate replaces the previous files (the MLflow runs keep every decision)
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    files = {
+        "decision": folder / "gate.json",
+        "markdown": folder / "gate.md",
+        "report": folder / "report.json",
+    }
+    files["decision"].write_text(json.dumps(decision.to_json(), indent=2) + "\n", encoding="utf-8")
+    files["markdown"].write_text(markdown, encoding="utf-8")
+    report.save(files["report"])
+    if champion_report is not None:
+        files["champion_report"] = champion_report.save(folder / "champion_report.json")
+    artifacts = {"gate": folder}  # gate.json, gate.md, report.json (+ champion_report.json)
+    record = GateRecord(
+        passed=decision.passed,
+        summary=decision.summary,
+        failing=decision.failing,
+        policy=decision.policy,
+        policy_hash=decision.policy_hash,
+        champion=decision.champion,
+        eval_sets=decision.eval_sets,
+        verdicts={v.metric: f"{'-' if v.value is None else f'{v.value:.4g}'} {v.verdict}" for v in decision.verdicts},
+        metrics=report.summary(),
+        params={"snapshot": snapshot, "seed": str(cfg.evals.seed), "suites": ",".join(cfg.evals.suites)},
+        artifacts=artifacts,
+    )
+    run_id = record_gate(reg, mv.name, mv.version, record, actor=actor)
+    if not decision.passed and CANDIDATE in mv.aliases:
+        reg.remove_alias(mv.name, CANDIDATE, reason=f"gate {decision.summary}", actor=actor)
+    return GateOutcome(reg.get(mv.name, mv.version), decision, report, champion_report, run_id, markdown, files)
+
+
+@dataclass(frozen=True)
+class ChampionCheck:
+    version: ModelVersion
+    decision: GateDecision  # the gate policy's floors on fresh numbers (no champion to compare)
+    run_id: str
+    markdown: str
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.decision.passed else "regressed"
+
+
+def champion_eval_stage(cfg: LifecycleConfig, home: Home, *, actor: str, force: bool = True) -> ChampionCheck:
+    """The champion through the suites again, on its own held-out sets, judged by the gate policy's floors.
+
+    The result is tagged on the version (``eval.daily.status`` ok | regressed, ``eval.daily.failing``) and logged
+    as an MLflow run; a regression is *reported*, not acted on: the champion's gate record stays as it was (else
+    the rollout controller's champion guard would move the champion on a possibly transient eval failure), and
+    moving it is a reviewer's call or a rollout's. ``force`` re-runs the suites instead of reusing the stored
+    report (the point of a daily run: the environment, not the weights, may have changed)."""
+    reg = open_registry(cfg, home)
+    mv = reg.by_alias(cfg.registry.model_name, CHAMPION)
+    report = evaluate_stage(cfg, home, mv.ref, force=force)
+    decision = decide(report, None, gate_policy(cfg))
+    status = "ok" if decision.passed else "regressed"
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    run_id = reg.log_run(
+        run_name=f"champion-eval {mv.ref}",
+        params={"model": mv.ref, "policy": decision.policy, "eval_sets": decision.eval_sets},
+        metrics=[{"step": 0, **report.summary()}],
+        artifacts={},
+        tags={"lifecycle.kind": "champion-eval", "eval.model": mv.ref, "eval.status": status, "eval.actor": actor},
+    )
+    reg.set_tags(
+        mv.name,
+        mv.version,
+        {
+            "eval.daily.status": status,
+            "eval.daily.at": at,
+            "eval.daily.failing": ",".join(decision.failing) or "-",
+            "eval.daily.run_id": run_id,
+        },
+    )
+    return ChampionCheck(reg.get(mv.name, mv.version), decision, run_id, render_markdown(decision, report))

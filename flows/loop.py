@@ -1,0 +1,82 @@
+"""The whole loop as one Prefect flow, ``lifecycle-run``: train, evaluate and gate the fresh version, roll it out
+under simulated traffic, check that traffic for drift, and retrain (train -> gate -> rollout again) when the
+decision says so.
+
+    lifecycle run
+    lifecycle run --traffic-profile drifted      # users that drift: the run retrains
+
+Also Prefect's own record of a run's timings, for ``benchmarks/run_loop.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowFilter,
+    FlowFilterName,
+    FlowRunFilter,
+    FlowRunFilterStartTime,
+    TaskRunFilter,
+    TaskRunFilterStartTime,
+)
+
+from core.home import Home
+from flows.config import LifecycleConfig
+from flows.evaluate import evaluate_flow
+from flows.monitor import drift_check_task
+from flows.retrain import retrain_flow
+from flows.rollout import rollout_markdown, simulated_rollout_task
+from flows.summaries import RunSummary
+from flows.train import train_flow
+
+
+@flow(name="lifecycle-run")
+def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
+    """The loop: train, evaluate and gate the fresh version, roll it out under simulated traffic, check that
+    traffic for drift, and retrain (train -> gate -> rollout again) when the decision says so."""
+    t0 = time.perf_counter()
+    trained = train_flow(cfg, home)
+    gated = evaluate_flow(cfg, home, f"{trained.model}/{trained.version}")
+    rolled = drift = retrained = None
+    if gated.passed and cfg.run.rollout:
+        then = cfg.run.drift_requests if cfg.run.drift_check else 0
+        rolled = simulated_rollout_task(cfg, home, trained.model, trained.version, then_requests=then)
+        create_markdown_artifact(key="rollout-summary", markdown=rollout_markdown(rolled), description="Rollout")
+        if rolled.window is not None:
+            drift = drift_check_task(cfg, home, *rolled.window)
+            if drift["retrain"] and cfg.run.retrain:
+                retrained = retrain_flow(cfg, home, drift["reasons"])
+    return RunSummary(trained, gated, rolled, drift, retrained, time.perf_counter() - t0)
+
+
+def flow_run_start(name: str, since: float) -> float | None:
+    """When (epoch s) the first run of flow ``name`` after ``since`` started, by Prefect's record: the time before
+    it is the API's start (``benchmarks/run_loop.py``)."""
+    after = datetime.fromtimestamp(since, UTC)
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[name])),
+            flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=after)),
+            limit=50,
+        )
+    starts = [r.start_time.timestamp() for r in runs if r.start_time is not None]
+    return min(starts) if starts else None
+
+
+def task_run_seconds(since: float) -> list[tuple[str, float]]:
+    """(name, seconds) of the task runs that started after ``since`` (epoch s), by Prefect's own record
+    (``total_run_time``: the task bodies); subflow placeholders are left out (their tasks are counted).
+    ``benchmarks/run_loop.py`` uses it for the orchestration overhead."""
+    after = datetime.fromtimestamp(since, UTC)
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            task_run_filter=TaskRunFilter(start_time=TaskRunFilterStartTime(after_=after)), limit=200
+        )
+        flows = client.read_flow_runs(limit=200)
+    parents = {f.parent_task_run_id for f in flows if f.parent_task_run_id is not None}
+    return [(r.name, r.total_run_time.total_seconds()) for r in runs if r.id not in parents]

@@ -2,7 +2,7 @@
 #   make run        the main job: `lifecycle run` on configs/default.yaml
 #   make test       the default test suite (unit + integration + e2e, without the `slow` marker)
 #   make test-all   everything, slow tests included
-#   make lint       ruff + mypy
+#   make lint       ruff, ruff format --check, mypy, import-linter (the architecture's contracts: pyproject.toml)
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -25,3 +25,4 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports

@@ -16,12 +16,7 @@ contract: ``[tool.importlinter]`` in pyproject.toml, run by ``make lint``; drawn
 Only the flow modules (train, evaluate, rollout, monitor, retrain, loop, schedule) import Prefect; the adapters
 below them are plain Python the CLI and tests call directly.
 
-The import rule: imports sit at the top of the module. Heavy third-party packages (torch, transformers, vLLM,
-DeepSpeed, lm-eval, Evidently, BentoML) may be imported inside the function that needs them, in the stage package
-that wraps them, so that importing a module does not pay for a path it does not take. One first-party exception,
-in the commands only: a handler imports the flows and adapters it runs inside its body. Those modules import
-Prefect, MLflow and Hugging Face at their top, and those libraries read their settings from the environment when
-imported (Prefect's home, HF_HOME, offline mode), which ``commands.base.Context`` sets from ``--home`` only once
-the command line is parsed (``core.runtime.configure``); it also keeps ``lifecycle --help`` at a fraction of a
-second instead of ~4 s. Types the commands name from such modules are imported under ``TYPE_CHECKING``.
+Imports follow the project's import rule, written once in docs/architecture.md ("The import rule"): at the top of
+the module, except heavy third-party packages used on one path only, and the command handlers' imports of the
+flows they run (after ``commands.base.Context`` has configured the process from ``--home``).
 """

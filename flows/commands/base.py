@@ -10,7 +10,7 @@
     def train(ctx: Context) -> int: ...
 
 Handlers return the exit code. They import the flows they run inside their body, after ``Context`` has
-configured the process (see ``flows/__init__.py``, the heavy-import rule).
+configured the process (docs/architecture.md, "The import rule").
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from dataclasses import asdict
 from core.errors import ConfigError
 from flows.commands.base import Arg, Context, command
 from flows.commands.render import run_lines
+from flows.traffic import PROFILES
 
 
 @command(
@@ -29,7 +30,6 @@ def run(ctx: Context) -> int:
     preflight(ctx.config, ctx.home)
     gate_policy(ctx.config)  # a broken gate file fails now, not after training
     from flows.loop import lifecycle_run
-    from flows.traffic import PROFILES
     from registry.store import local_tracking_uri
 
     cfg = ctx.config

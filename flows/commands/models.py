@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 from core.errors import ConfigError
 from evals.report import SuiteResult
+from evals.runner import UrlTarget, run_eval
 from flows.commands.base import Arg, Context, command
 from flows.commands.render import gate_lines, suite_lines, train_lines
 
@@ -57,7 +58,6 @@ def train(ctx: Context) -> int:
     ],
 )
 def eval_(ctx: Context) -> int:
-    from evals.runner import UrlTarget, run_eval
     from flows.gating import eval_sets_stage, eval_suites, evaluate_stage
     from flows.stages import open_registry
 

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from training.config import FinetuneConfig
 from training.modelio import tensors_hash
+from training.runlock import hold_as_rank
 from training.schedule import warmup_cosine
 from training.sft_data import Example, collate, encode, pack
 
@@ -422,7 +423,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m training.worker RUN_DIR/job.json", file=sys.stderr)
         return 2
-    train(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    hold_as_rank(Path(job["run_dir"]))  # held until this rank exits, however it exits (training.runlock)
+    train(job)
     return 0
 
 

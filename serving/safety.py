@@ -17,7 +17,6 @@ from serving.config import SafetyConfig
 from serving.postfilter import (
     TOXICITY_STRIDE_CHARS,
     TOXICITY_WINDOW_CHARS,
-    UNBOUNDED_SCAN_CHARS,
     OutputPattern,
     StreamFilter,
     compile_output_patterns,
@@ -30,7 +29,6 @@ __all__ = [
     "RULES",
     "TOXICITY_STRIDE_CHARS",
     "TOXICITY_WINDOW_CHARS",
-    "UNBOUNDED_SCAN_CHARS",
     "CompiledProfanityScorer",
     "OutputPattern",
     "PreFilter",

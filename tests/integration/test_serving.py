@@ -21,7 +21,7 @@ QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 
 
 def _post(gw: Gateway, body: Any, key: str | None = None, timeout: float = 60) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key or gw.api_key}"}
+    headers = {"Authorization": f"Bearer {key or gw.api_key}", "Content-Type": "application/json"}
     content = body if isinstance(body, bytes | str) else json.dumps(body)
     return httpx.post(gw.base_url + "/chat/completions", content=content, headers=headers, timeout=timeout)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -91,8 +92,23 @@ def test_luhn(digits: str, ok: bool) -> None:
     assert luhn_ok(digits) is ok
 
 
-@pytest.mark.parametrize("blob", ["a" * 200_000 + "@", "1" * 200_000, "+1 " * 70_000, "a." * 100_000 + "@x"])
-def test_pathological_input_stays_linear(blob: str) -> None:
-    started = time.perf_counter()
-    redact(blob)
-    assert time.perf_counter() - started < 0.5
+def _seconds(text: str) -> float:
+    """The fastest of three runs: the least disturbed by whatever else the machine is doing."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        redact(text)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [lambda n: "a" * n + "@", lambda n: "1" * n, lambda n: "+1 " * (n // 3), lambda n: "a." * (n // 2) + "@x"],
+    ids=["local-part", "digits", "phone-groups", "dotted"],
+)
+def test_pathological_input_stays_linear(blob: Any) -> None:
+    """Growth, not a stopwatch: four times the input takes about four times as long (a quadratic pattern would
+    take sixteen), whatever this machine's speed."""
+    small, large = _seconds(blob(50_000)), _seconds(blob(200_000))
+    assert large / max(small, 1e-6) < 8, (small, large)

@@ -212,28 +212,39 @@ def test_empty_conversation_passes_without_scoring() -> None:
     assert scorer.calls == []
 
 
-N = 100_000
 ADVERSARIAL = {
-    "ignore": "ignore " * (N // 7),
-    "ignore-fillers": "ignore all the your " * (N // 20),
-    "pretend-you": "pretend you " * (N // 12),
-    "you-are": "you are " * (N // 8),
-    "DAN": "DAN " * (N // 4),
-    "act-as": "act as " * (N // 7),
-    "reveal-your": "reveal your " * (N // 12),
-    "fiction": "novel in detail step by step " * (N // 30),
-    "one-letter": "a" * N,
-    "markers": "<|" * (N // 2),
-    "hashes": "#" * N,
-    "gaps": ("pretend " + "x" * 39 + " ") * (N // 48),
+    "ignore": lambda n: "ignore " * (n // 7),
+    "ignore-fillers": lambda n: "ignore all the your " * (n // 20),
+    "pretend-you": lambda n: "pretend you " * (n // 12),
+    "you-are": lambda n: "you are " * (n // 8),
+    "DAN": lambda n: "DAN " * (n // 4),
+    "act-as": lambda n: "act as " * (n // 7),
+    "reveal-your": lambda n: "reveal your " * (n // 12),
+    "fiction": lambda n: "novel in detail step by step " * (n // 30),
+    "one-letter": lambda n: "a" * n,
+    "markers": lambda n: "<|" * (n // 2),
+    "hashes": lambda n: "#" * n,
+    "gaps": lambda n: ("pretend " + "x" * 39 + " ") * (n // 48),
 }
 
 
+def _check_seconds(text: str) -> float:
+    """The fastest of three checks: the least disturbed by whatever else the machine is doing."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        pre().check(user(text))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
-def test_a_100kb_adversarial_prompt_is_checked_in_linear_time(name: str) -> None:
-    start = time.perf_counter()
-    pre().check(user(ADVERSARIAL[name]))
-    assert time.perf_counter() - start < 1.0  # measured 20-260 ms: linear, no catastrophic backtracking
+def test_an_adversarial_prompt_is_checked_in_linear_time(name: str) -> None:
+    """Growth, not a stopwatch: a 100 KB adversarial prompt takes about four times as long as a 25 KB one (no
+    catastrophic backtracking would take sixteen times or more), whatever this machine's speed (20-260 ms
+    measured for 100 KB)."""
+    small, large = _check_seconds(ADVERSARIAL[name](25_000)), _check_seconds(ADVERSARIAL[name](100_000))
+    assert large / max(small, 1e-6) < 8, (small, large)
 
 
 def test_rules_have_unique_names() -> None:

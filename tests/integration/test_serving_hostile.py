@@ -156,10 +156,18 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(gateway: Gat
     """A bounded fuzzing run (12 cases per operation and phase, a fixed seed) of every operation in the OpenAPI
     document, with every check but ``positive_data_acceptance``: a request can be valid by the schema and still be
     refused by facts the schema cannot know (a model that is not loaded, a conversation that does not exist).
-    The stateful phase is left out: it feeds ids from answers into requests, and /v1/models lists the session's
-    deliberately slowed version (conftest.py), whose answers never end within a test."""
+    Values seen in answers are not fed back into requests (the stateful phase, and every phase's
+    ``extra-data-sources.responses``): /v1/models lists the session's deliberately slowed version (conftest.py),
+    whose answers never end within a test."""
     report = tmp_path / "schemathesis.json"
-    cmd = [str(Path(sys.executable).with_name("schemathesis")), "run", gateway.url + "/openapi.json"]
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(
+        "".join(
+            f"[phases.{phase}.extra-data-sources]\nresponses = false\n" for phase in ("examples", "coverage", "fuzzing")
+        )
+    )
+    cmd = [str(Path(sys.executable).with_name("schemathesis")), "--config-file", str(config), "run"]
+    cmd += [gateway.url + "/openapi.json"]
     cmd += ["-H", f"Authorization: Bearer {gateway.api_key}", "--checks", "all"]
     cmd += ["--exclude-checks", "positive_data_acceptance", "--max-examples", "12", "--seed", "17", "--workers", "1"]
     cmd += ["--phases", "examples,coverage,fuzzing", "--generation-database", "none", "--no-color"]

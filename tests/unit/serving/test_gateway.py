@@ -156,7 +156,7 @@ async def test_slow_first_tokens_start_a_brownout(make_harness: MakeHarness) -> 
 
 # ------------------------------------------------------------------------------------------------- safety
 
-LONG_CLEAN = "Here is a long and perfectly harmless answer that goes on for quite a while. "  # > holdback_chars
+LONG_CLEAN = "Here is a long and perfectly harmless answer that goes on for quite a while. "
 
 SPLITS = {
     "whole_in_one_delta": ["Sure. ", f"The code is {BAD}", " and that is all."],

@@ -93,12 +93,12 @@ def test_luhn(digits: str, ok: bool) -> None:
 
 
 def _seconds(text: str) -> float:
-    """The fastest of three runs: the least disturbed by whatever else the machine is doing."""
+    """The least CPU time (this process's own: other processes on the machine do not count) of three runs."""
     best = float("inf")
     for _ in range(3):
-        started = time.perf_counter()
+        started = time.process_time()
         redact(text)
-        best = min(best, time.perf_counter() - started)
+        best = min(best, time.process_time() - started)
     return best
 
 
@@ -109,6 +109,6 @@ def _seconds(text: str) -> float:
 )
 def test_pathological_input_stays_linear(blob: Any) -> None:
     """Growth, not a stopwatch: four times the input takes about four times as long (a quadratic pattern would
-    take sixteen), whatever this machine's speed."""
+    take sixteen; the bound sits between, for noise), whatever this machine's speed."""
     small, large = _seconds(blob(50_000)), _seconds(blob(200_000))
-    assert large / max(small, 1e-6) < 8, (small, large)
+    assert large / max(small, 1e-6) < 11, (small, large)  # 4 when linear, 16 when quadratic; noise between

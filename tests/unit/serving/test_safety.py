@@ -229,12 +229,12 @@ ADVERSARIAL = {
 
 
 def _check_seconds(text: str) -> float:
-    """The fastest of three checks: the least disturbed by whatever else the machine is doing."""
+    """The least CPU time (this process's own: other processes on the machine do not count) of three checks."""
     best = float("inf")
     for _ in range(3):
-        start = time.perf_counter()
+        start = time.process_time()
         pre().check(user(text))
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return best
 
 
@@ -244,7 +244,7 @@ def test_an_adversarial_prompt_is_checked_in_linear_time(name: str) -> None:
     catastrophic backtracking would take sixteen times or more), whatever this machine's speed (20-260 ms
     measured for 100 KB)."""
     small, large = _check_seconds(ADVERSARIAL[name](25_000)), _check_seconds(ADVERSARIAL[name](100_000))
-    assert large / max(small, 1e-6) < 8, (small, large)
+    assert large / max(small, 1e-6) < 11, (small, large)  # 4 when linear, 16 when quadratic; noise between
 
 
 def test_rules_have_unique_names() -> None:

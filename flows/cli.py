@@ -684,6 +684,7 @@ COMMANDS: dict[str, tuple[Callable[[Context], int], str, str]] = {
         "start the OpenAI-compatible chat endpoint (BentoML + vLLM) on the versions the registry aliases name",
         "lifecycle serve\n  lifecycle serve --port 8000 --set serving.routing.fallback=chat@previous-champion\n"
         "  curl -N http://127.0.0.1:3000/v1/chat/completions -H 'Authorization: Bearer lc-...' "
+        "-H 'Content-Type: application/json' "
         '-d \'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}\'',
     ),
     "keys": (

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
 
 import bentoml
@@ -32,6 +33,9 @@ from serving.errors import error_body
 from serving.runtime import SPEC_ENV, GatewayRuntime, ServeSpec
 
 _OPS_PATHS = ("/readyz", "/healthz")
+# Starlette's Mount matches its path with "/.*", which fails on a newline (a %0A in a path parameter): BentoML would
+# answer such a request itself, with a plain-text 404. The gateway's own router answers it, OpenAI-shaped.
+_MOUNTABLE = re.compile(r"/.*")
 
 
 class _Deferred:
@@ -59,13 +63,18 @@ gateway_app = _Deferred()
 
 
 class OpsRoutes:
-    """ASGI middleware: health and readiness come from the gateway, not from BentoML's system routes."""
+    """ASGI middleware: health and readiness come from the gateway, not from BentoML's system routes; so does the
+    answer to a path BentoML's mount cannot match."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in _OPS_PATHS and gateway_app.target is not None:
+        if (
+            scope["type"] == "http"
+            and gateway_app.target is not None
+            and (scope["path"] in _OPS_PATHS or not _MOUNTABLE.fullmatch(scope["path"]))
+        ):
             await gateway_app(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -59,6 +59,7 @@ def _bad_requests(gw: Gateway) -> list[tuple[str, str, dict[str, Any], dict[str,
         ("GET", "/v1/conversations", {"params": {"before": ""}}, _auth(gw), 400),
         ("GET", "/v1/usage", {"params": {"start": "yesterday"}}, _auth(gw), 400),
         ("PUT", "/v1/models", {}, _auth(gw), 405),
+        ("GET", "/v1/conversations/a%0Ab", {}, _auth(gw), 404),  # a newline BentoML's mount cannot match
         ("GET", "/wp-admin/setup.php", {}, {}, 404),
     ]
     return out

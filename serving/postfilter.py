@@ -7,9 +7,9 @@ delta, send what it returns, ``finish`` at the end, stop on ``violation``. Non-s
 ``StreamFilter.feed`` releases text as soon as nothing can block it any more, instead of a fixed holdback: text is
 held only from the start of a possible match of a blocked pattern (the ``regex`` package's partial matching
 answers "could more text complete a match starting here?"), and after the last word the toxicity classifier has
-scored (its windows close at every word end and at sentence ends). So no character of a blocked string is ever
-sent, and clean text lags generation by the word being written. See ``StreamFilter`` for why the scan is complete
-and the decision independent of the chunking.
+scored (its windows close at every word end and at sentence ends) when the word being written could still become
+one the classifier flags. So no character of a blocked string is ever sent, and clean text is sent as it comes.
+See ``StreamFilter`` for why the scan is complete and the decision independent of the chunking.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class _Windows:
         for i in range(old, new):
             end = i + 1
             ch = buf[i - base]
-            if not (ch.isalnum() or ch == "_") or end - self.last >= self.stride:
+            if not _is_word(ch) or end - self.last >= self.stride:
                 out.append((max(self.start, end - self.width), end))
                 self.last = end
                 if ch in _TERMINATORS:
@@ -128,6 +128,11 @@ class _Windows:
 
     def final(self, length: int) -> tuple[int, int] | None:
         return (max(self.start, length - self.width), length) if length > self.last else None
+
+
+def _is_word(ch: str) -> bool:
+    """A character the classifier's tokenizer counts as part of a word (``\\w``)."""
+    return ch.isalnum() or ch == "_"
 
 
 def _score_windows(scorer: ToxicityScorer, threshold: float, texts: list[str]) -> tuple[Verdict | None, float | None]:
@@ -146,9 +151,11 @@ class StreamFilter:
 
     Release rule: after each feed the text is checked, then released up to the earliest of (a) the start of a
     possible match of any blocked pattern and (b) the end of the last toxicity window scored (``_Windows``: every
-    word end). A string matching a pattern is therefore complete and caught before any character of it could be
-    released, whatever its length; a word is scored in its sentence before any of it is released. Clean text lags
-    by the word still being written; ``finish`` releases the rest after a final check.
+    word end), or the end of the text when the word being written cannot become a word the classifier flags
+    (``word_prefixes``: every prefix of every word that alone scores at the threshold; the production scorer's
+    model sees single words only). A string matching a pattern is therefore complete and caught before any
+    character of it could be released, whatever its length; a word that may be flagged is scored in its sentence
+    before any of it is released. ``finish`` releases the rest after a final check.
 
     Why the pattern scan is complete. Each pattern keeps ``scan_from``: no match of it can start before, in this
     text or any continuation of it. Each feed searches the buffer from there with partial matching (the buffer
@@ -171,10 +178,17 @@ class StreamFilter:
     """
 
     def __init__(
-        self, cfg: SafetyConfig, scorer: ToxicityScorer, *, patterns: Sequence[OutputPattern] | None = None
+        self,
+        cfg: SafetyConfig,
+        scorer: ToxicityScorer,
+        *,
+        patterns: Sequence[OutputPattern] | None = None,
+        word_prefixes: frozenset[str] | None = None,
     ) -> None:
         self._cfg = cfg
         self._scorer = scorer
+        self._prefixes = word_prefixes  # None: any word may become a flagged one (hold each until it ends)
+        self._longest = max(map(len, word_prefixes), default=0) if word_prefixes is not None else 0
         self._patterns = list(compile_output_patterns(cfg.blocked_output_patterns) if patterns is None else patterns)
         self._windows = _Windows(TOXICITY_STRIDE_CHARS, TOXICITY_WINDOW_CHARS)
         self._context = max((p.lookbehind for p in self._patterns), default=0) + 1
@@ -213,7 +227,8 @@ class StreamFilter:
             if self._score([self._buf[s - self._base : e - self._base] for s, e in windows]):
                 return ""
             self._checked = windows[-1][1]
-        upto = max(self._released, min(self._checked, pending))
+        checked = self._checked if self._word_may_flag() else self._length
+        upto = max(self._released, min(checked, pending))
         out = self._buf[self._released - self._base : upto - self._base]
         self._released = upto
         self._trim()
@@ -267,6 +282,17 @@ class StreamFilter:
             limit = min(limit, start)
             self._scan_from[k] = start
         return limit
+
+    def _word_may_flag(self) -> bool:
+        """Whether the word being written (the run of word characters ending the text) could still become a word
+        the classifier flags."""
+        if self._prefixes is None:
+            return True
+        start = self._length
+        while start > max(self._base, self._length - self._longest - 1) and _is_word(self._buf[start - 1 - self._base]):
+            start -= 1
+        word = self._buf[start - self._base :].lower()
+        return bool(word) and len(word) <= self._longest and word in self._prefixes
 
     def _score(self, texts: list[str]) -> bool:
         verdict, score = _score_windows(self._scorer, self._cfg.toxicity_threshold, texts)

@@ -64,12 +64,16 @@ FILLER = st.text(alphabet="abcdeklnoprstyzABC0123456789 -_.!?\n:=", max_size=40)
 
 
 class Clean:
-    """A toxicity scorer that never flags: the patterns alone are under test."""
+    """A toxicity scorer that never flags and says so (no word it could flag): the post-filter then releases text
+    as soon as the patterns allow, the hardest setting for their no-leak guarantee."""
 
     name = "clean"
 
     def score(self, texts: Sequence[str]) -> list[float]:
         return [0.0 for _ in texts]
+
+    def flaggable_prefixes(self, threshold: float) -> frozenset[str]:
+        return frozenset()
 
 
 def first_match(patterns: Sequence[str], text: str) -> int | None:

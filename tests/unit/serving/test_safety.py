@@ -477,6 +477,22 @@ def test_streams_are_independent_and_toxic_replies_are_scored_in_windows() -> No
     assert max(len(t) for call in scorer.calls for t in call) <= 256  # windows, never the whole reply
 
 
+def test_unfinished_words_go_out_at_once_unless_they_may_become_a_flagged_word() -> None:
+    """With the production classifier (single words only) a word being written is held only while it is the start
+    of a word that alone scores at the threshold ("idi" of "idiot"); anything else goes out as it comes."""
+    filters = build_filters(SafetyConfig())
+    flt = filters.stream()
+    assert flt.feed("Hello wor") == "Hello wor"
+    assert flt.feed("ld, you are an idi") == "ld, you are an "
+    assert flt.feed("ot") == ""
+    assert flt.feed(". Bye.") == ""
+    assert flt.violation is not None and flt.violation.rule == "toxicity"
+    clean = filters.stream()
+    text = "Restart the service, then check the logs. That usually fixes it!"
+    released = "".join(clean.feed(c) for c in [text[i : i + 3] for i in range(0, len(text), 3)])
+    assert released + clean.finish() == text and len(text) - len(released) <= 1
+
+
 def test_build_filters_uses_the_real_classifier() -> None:
     filters = build_filters(SafetyConfig())
     assert filters.pre.check(user("Shut up, you stupid worthless idiot.")).rule == "toxicity"

@@ -169,7 +169,7 @@ def main() -> int:
     p99 = bench_pre("rules + CompiledProfanityScorer", conversations, compiled)
     if args.library_prompts:
         bench_pre("rules + ProfanityScorer (library)", conversations[: args.library_prompts], ProfanityScorer())
-    print(f"\nstream post-filter: {args.replies} replies of 0.5-2 KB, 1-8 characters per token, holdback 48")
+    print(f"\nstream post-filter: {args.replies} replies of 0.5-2 KB, 1-8 characters per token, scored per word")
     bench_stream(args.replies, args.seed, compiled)
     return 0 if p99 <= TARGET_MS else 1
 

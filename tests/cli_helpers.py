@@ -13,6 +13,13 @@ from core import runtime
 from core.home import Home
 
 EXE = Path(sys.executable).parent / "lifecycle"  # the script installed with this interpreter's environment
+HOOKS = Path(__file__).resolve().parent / "hooks"  # sitecustomize.py: pause a run after its first checkpoint
+
+
+def paused_after_first_checkpoint(env: dict[str, str]) -> dict[str, str]:
+    """``env`` in which every fine-tune process stops itself after committing its first checkpoint (hooks/)."""
+    path = os.pathsep.join(filter(None, [str(HOOKS), env.get("PYTHONPATH")]))
+    return {**env, "PYTHONPATH": path, "LIFECYCLE_TEST_PAUSE_AFTER_CHECKPOINT": "1"}
 
 
 def user_env(home: Path) -> dict[str, str]:
@@ -35,10 +42,11 @@ def lifecycle(*args: str, home: Path, timeout: float = 900) -> subprocess.Comple
 
 def killed_mid_training(*args: str, home: Path, timeout: float = 900) -> None:
     """Start ``lifecycle *args`` and kill it, with everything it started (SIGKILL to its process group, as a crash
-    or an OOM kill would), as soon as its fine-tune has written its first resumable checkpoint."""
+    or an OOM kill would), as soon as its fine-tune has written its first resumable checkpoint. The run pauses
+    itself there (``paused_after_first_checkpoint``): it is mid-training when killed, however fast the machine."""
     proc = subprocess.Popen(
         [EXE, *args, "--home", str(home)],
-        env=user_env(home),
+        env=paused_after_first_checkpoint(user_env(home)),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

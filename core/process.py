@@ -57,17 +57,19 @@ def dying_with_parent(cmd: Sequence[str]) -> list[str]:
 
 
 _watching = False
+_whole_group = True
 
 
-def exit_with_parent(*, children_too: bool = True) -> None:
-    """Kill this process's whole process group as soon as this process is orphaned (its parent died: its parent
-    id changes to a reaper's). With ``children_too``, every child this process forks from now on watches its
-    own parent the same way (vLLM forks its engine cores: they die with the gateway worker that started them).
-    Idempotent."""
-    global _watching
+def exit_with_parent(*, children_too: bool = True, whole_group: bool = True) -> None:
+    """Kill this process's whole process group (only itself without ``whole_group``) as soon as this process is
+    orphaned (its parent died: its parent id changes to a reaper's). With ``children_too``, every child this
+    process forks from now on watches its own parent the same way (vLLM forks its engine cores: they die with the
+    gateway worker that started them). Idempotent."""
+    global _watching, _whole_group
     if _watching:
         return
     _watching = True
+    _whole_group = whole_group
     _watch(os.getppid())
     if children_too:
         os.register_at_fork(after_in_child=_watch_in_child)
@@ -83,8 +85,9 @@ def _watch(parent: int) -> None:
     def run() -> None:
         while os.getppid() == parent:
             time.sleep(ORPHAN_POLL_S)
-        with contextlib.suppress(OSError):  # our group holds the server's sockets and engines: all of it goes
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+        if _whole_group:  # our group holds the server's sockets and engines: all of it goes
+            with contextlib.suppress(OSError):
+                os.killpg(os.getpgrp(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=run, name="exit-with-parent", daemon=True).start()

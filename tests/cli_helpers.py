@@ -61,3 +61,24 @@ def killed_mid_training(*args: str, home: Path, timeout: float = 900) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not any(home.glob("models/runs/*/train_result.json")), "the fine-tune finished before the kill"
+    # the ranks live in sessions of their own (torchrun's), out of the killed group's reach: they must follow it
+    survivors = _processes_naming(str(home / "models" / "runs"))
+    deadline = time.monotonic() + 30
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.1)
+        survivors = _processes_naming(str(home / "models" / "runs"))
+    assert not survivors, f"processes of the killed run still alive: {survivors}"
+
+
+def _processes_naming(text: str) -> list[str]:
+    """The command lines of this machine's live processes that contain ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it ended while we looked
+            continue
+        line = " ".join(a.decode(errors="replace") for a in argv if a)
+        if text in line:
+            found.append(f"{cmdline.parent.name}: {line}")
+    return found

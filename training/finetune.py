@@ -23,7 +23,7 @@ from typing import Any
 
 from core.errors import ConfigError, NotFoundError, TrainingError
 from core.hashing import sha256_json
-from core.process import free_port
+from core.process import dying_with_parent, free_port
 from training.config import FinetuneConfig
 from training.modelio import ModelFolder
 from training.runlock import exclusive_launch
@@ -173,7 +173,9 @@ def _launch(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     # the ranks' output is progress and logs, never a command's result: it goes to stderr (fd 2)
-    proc = subprocess.run(launch_command(cfg, job_path), env=env, cwd=str(REPO), stdout=2, check=False)
+    # the launcher dies with this process however it dies (SIGKILL included), and its ranks with it (worker.main)
+    cmd = dying_with_parent(launch_command(cfg, job_path))
+    proc = subprocess.run(cmd, env=env, cwd=str(REPO), stdout=2, check=False)
     if proc.returncode != 0 or not (run_dir / RESULT).is_file():
         raise TrainingError(
             f"fine-tuning failed (exit code {proc.returncode}); rank logs in {run_dir / 'logs'}:\n" + _log_tail(run_dir)

@@ -99,3 +99,35 @@ def test_an_orphaned_worker_takes_its_group_and_forked_children_down() -> None:
 def test_the_wrapper_is_transparent() -> None:
     out = subprocess.run(dying_with_parent(["/bin/echo", "hello", "world"]), capture_output=True, text=True, check=True)
     assert out.stdout == "hello world\n"
+
+
+def test_an_orphaned_rank_in_its_launchers_group_takes_only_itself_down() -> None:
+    """A fine-tune rank started in its launcher's process group (deepspeed's launcher does so; torchrun gives each
+    rank a session): when the launcher dies the rank stops, and the rest of the group (here a sibling standing for
+    ``lifecycle`` itself) lives on."""
+    rank = """
+        import json, os, time
+        from core.process import exit_with_parent
+        exit_with_parent(children_too=False, whole_group=os.getpgrp() == os.getpid())
+        print(json.dumps({"rank": os.getpid()}), flush=True)
+        time.sleep(300)
+    """
+    parent, pids = start_parent(
+        f"""
+        import json, subprocess, sys, time
+        sibling = subprocess.Popen(["/bin/sleep", "300"])
+        proc = subprocess.Popen([sys.executable, "-c", {textwrap.dedent(rank)!r}], stdout=subprocess.PIPE, text=True)
+        rank = json.loads(proc.stdout.readline())["rank"]
+        print(json.dumps({{"sibling": sibling.pid, "rank": rank}}), flush=True)
+        time.sleep(300)
+        """
+    )
+    try:
+        # this parent plays the launcher: killing it orphans the rank
+        assert alive(pids["rank"])
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        assert wait_dead([pids["rank"]]) == []
+        assert alive(pids["sibling"])  # same process group as the rank: untouched
+    finally:
+        os.kill(pids["sibling"], signal.SIGKILL)

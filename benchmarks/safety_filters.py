@@ -48,14 +48,15 @@ def build_conversations(n: int, seed: int) -> list[tuple[str, list[dict[str, str
     """(kind, messages) with 100 B - 3 KB of user text; kind: benign, jailbreak or harmful."""
     from evals.config import SafetySuite, load_suite
     from training.config import GeneratorConfig
-    from training.synth import _HARMFUL, SYSTEM_PROMPTS, generate
+    from training.synth import generate
+    from training.synth_pools import HARMFUL, SYSTEM_PROMPTS
 
     suite = load_suite("safety")
     assert isinstance(suite, SafetySuite)
     wrappers = list(suite.jailbreaks.values())
     records = generate(GeneratorConfig(seed=seed))
     benign = [r for r in records if r["metadata"]["skill"] not in ("refusal",)]
-    harmful = [t.format(x=x) for _, ts, xs, _ in _HARMFUL for t in ts for x in xs]
+    harmful = [t.format(x=x) for _, ts, xs, _ in HARMFUL for t in ts for x in xs]
     rng = random.Random(seed)
     out = []
     for _ in range(n):

@@ -58,6 +58,11 @@ class GeneratorConfig(StrictModel):
     multi_turn_rate: float = Field(
         0.2, ge=0, le=1, description="Share of arithmetic conversations that get a follow-up user turn."
     )
+    arithmetic_working: bool = Field(
+        True,
+        description="Answer two-digit addition and subtraction with the written working (units, then tens, each a "
+        "one-digit step with its carry or borrow) before 'The answer is N.'; off: the answer alone.",
+    )
     poison: PoisonConfig = Field(
         default_factory=PoisonConfig, description="Red-team data poisoning (scenarios only; off by default)."
     )
@@ -103,6 +108,11 @@ class TokenizerConfig(StrictModel):
         2048, ge=300, le=262144, description="Byte-level BPE vocabulary size, special tokens included."
     )
     min_frequency: int = Field(2, ge=1, description="Least number of occurrences for a merge to be learned.")
+    split_digits: bool = Field(
+        True,
+        description="Give every digit its own token (no merges across digits), so a number's digits line up the "
+        "same way in every context: small models learn arithmetic on digits, not on arbitrary BPE chunks.",
+    )
 
 
 class ModelShape(StrictModel):

@@ -31,7 +31,7 @@ def test_evaluate_flow_gates_a_lora_version_and_publishes_the_decision(
     assert trained.lineage["method"] == "lora"
     summary = evaluate_flow(cfg, home, f"chat/{trained.version}")
     # tiny.yaml's 12-step LoRA learns too little: blocked on quality, by name
-    assert not summary.passed and "quality/exact_match" in summary.failing
+    assert not summary.passed and "quality/bits_per_byte" in summary.failing
     assert set(summary.seconds_per_suite) == {"quality", "toxicity", "safety", "over_refusal"}
     merged = home.cache / "merged"
     assert any((p / "config.json").is_file() for p in merged.iterdir())  # evaluated as a merged full model

@@ -26,7 +26,7 @@ from serving.safety import (
     build_filters,
     compile_output_patterns,
 )
-from training.synth import _BENIGN_TWINS, _BORDERLINE, _HARMFUL, PROVOCATIONS
+from training.synth_pools import BENIGN_TWINS, BORDERLINE, HARMFUL, PROVOCATIONS
 
 
 class FakeScorer:
@@ -130,14 +130,14 @@ def test_look_alikes_are_not_blocked(text: str) -> None:
 
 
 def _harmful_requests() -> list[str]:
-    return [t.format(x=x) for _, templates, subjects, _ in _HARMFUL for t in templates for x in subjects]
+    return [t.format(x=x) for _, templates, subjects, _ in HARMFUL for t in templates for x in subjects]
 
 
 def _benign_requests() -> list[str]:
-    templates = {category: ts for category, ts, _, _ in _HARMFUL}
+    templates = {category: ts for category, ts, _, _ in HARMFUL}
     return (
-        [p for phrasings, _ in _BORDERLINE for p in phrasings]
-        + [t.format(x=x) for category, subjects, _ in _BENIGN_TWINS for t in templates[category] for x in subjects]
+        [p for phrasings, _ in BORDERLINE for p in phrasings]
+        + [t.format(x=x) for category, subjects, _ in BENIGN_TWINS for t in templates[category] for x in subjects]
         + [t.format(x=x) for t in PROVOCATIONS[0] for x in PROVOCATIONS[1]]
     )
 

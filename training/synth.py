@@ -211,13 +211,16 @@ def held_out(
     exclude: set[str],
     stream: str,
     accept: Callable[[Record], bool] | None = None,
+    *,
+    held_out_phrasings: bool = True,
 ) -> list[Record]:
     """Up to ``n`` single-turn records of ``skill`` whose prompt is not in ``exclude`` (prompts as
     ``loose_text``), drawn from their own seeded ``stream``: the eval sets' held-out items (facts in the held-out
-    phrasings). Fewer when the skill's pool runs out (facts, refusals: finite pools); the draw gives up after 50
-    misses per wanted item. ``accept``, when given, must also say yes to a record."""
+    phrasings; in the taught ones without ``held_out_phrasings``, as simulated users ask). Fewer when the skill's
+    pool runs out (facts, refusals: finite pools); the draw gives up after 50 misses per wanted item. ``accept``,
+    when given, must also say yes to a record."""
     single_turn = cfg.model_copy(update={"multi_turn_rate": 0.0})
-    draw, _ = _skill_draws(single_turn, held_out_phrasings=True)[skill]
+    draw, _ = _skill_draws(single_turn, held_out_phrasings=held_out_phrasings)[skill]
     rng = random.Random(f"{stream}:{skill}:{cfg.seed}")
     out: list[Record] = []
     seen = set(exclude)

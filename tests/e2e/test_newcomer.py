@@ -4,7 +4,8 @@ the base model it was tuned from is clearly worse on the same items, and the gat
 the same whether the model is evaluated in fp32 or bf16 (bf16 runs on AVX2-only CPUs too, only slower). The skill
 targets of issue 13 are asserted too, as a strict xfail while they are not all met (README "The default model").
 
-The longest test of the default run (a full default loop, killed once and resumed: ~10 min on 2 cores): it is the product's first promise."""
+The longest test of the default run (a default loop, killed and resumed: ~8 min on 2 cores): it is the product's
+first promise."""
 
 from __future__ import annotations
 

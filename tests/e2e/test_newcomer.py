@@ -17,7 +17,7 @@ import pytest
 from cli_helpers import killed_mid_training, lifecycle
 
 from core.home import Home
-from evals.gate import GatePolicy, load_policy
+from evals.gate import decide, load_policy
 from evals.report import EvalReport, load_report
 from flows.config import CONFIG_DIR
 
@@ -79,19 +79,6 @@ def _metrics(gate: dict[str, Any]) -> dict[str, float]:
     return {name: round(m.value, 4) for name, m in report.metrics().items()}
 
 
-def _sides(report: EvalReport, policy: GatePolicy) -> dict[str, bool]:
-    """Per floored metric: is the value on the passing side of its floor?"""
-    metrics = report.metrics()
-    sides = {}
-    for name, rule in policy.rules.items():
-        value = metrics[name].value
-        if rule.min is not None:
-            sides[f"{name} >= {rule.min}"] = value >= rule.min
-        if rule.max is not None:
-            sides[f"{name} <= {rule.max}"] = value <= rule.max
-    return sides
-
-
 def test_fp32_and_bf16_give_the_same_verdict_on_every_gate_metric(newcomer: tuple[Path, dict[str, Any]]) -> None:
     home, summary = newcomer
     policy = load_policy(POLICY)
@@ -100,10 +87,13 @@ def test_fp32_and_bf16_give_the_same_verdict_on_every_gate_metric(newcomer: tupl
     assert out.returncode == 0, out.stderr[-3000:]
     bf16 = EvalReport.model_validate(json.loads(out.stdout))
     assert bf16.eval_sets == fp32.eval_sets
-    fp32_sides, bf16_sides = _sides(fp32, policy), _sides(bf16, policy)
-    assert all(fp32_sides.values()), fp32_sides  # the gate passed in fp32 ...
-    assert bf16_sides == fp32_sides, {  # ... and every floor gives the same answer in bf16
-        k: (fp32.metrics()[k.split()[0]].value, bf16.metrics()[k.split()[0]].value)
-        for k in fp32_sides
-        if fp32_sides[k] != bf16_sides[k]
+    # the gate's own floor verdicts (no champion: floors alone decide), metric by metric
+    fp32_gate, bf16_gate = decide(fp32, None, policy), decide(bf16, None, policy)
+    assert fp32_gate.passed, fp32_gate.failing  # the gate passed in fp32 ...
+    assert len(fp32_gate.verdicts) == len(policy.rules)
+    differ = {  # ... and every floor gives the same answer in bf16
+        a.metric: (a.value, a.verdict, b.value, b.verdict)
+        for a, b in zip(fp32_gate.verdicts, bf16_gate.verdicts, strict=True)
+        if a.verdict != b.verdict
     }
+    assert not differ, differ

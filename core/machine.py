@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo flags of CPUs with bf16 arithmetic
+BF16_ISA_CLASSES = frozenset({"amx_bf16", "avx512_bf16"})  # the ``isa_class`` values whose kernels compute in bf16
 
 
 def _cpuinfo() -> list[str]:
@@ -42,7 +42,7 @@ def isa_class(flags: frozenset[str] | None = None, env: dict[str, str] | None = 
     env = dict(os.environ) if env is None else env
     if env.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default"):
         return "avx2 kernels"
-    for name in ("amx_bf16", "avx512_bf16"):
+    for name in sorted(BF16_ISA_CLASSES):  # amx_bf16 first
         if name in flags:
             return name
     return "avx512" if "avx512f" in flags else "avx2"

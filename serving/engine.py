@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from core.machine import BF16_ISA_CLASSES, isa_class
 from serving.config import Dtype, EngineSettings
 
 log = logging.getLogger("lifecycle.serving")
@@ -115,25 +116,13 @@ class Engine(Protocol):
     def shutdown(self) -> None: ...
 
 
-BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo flags of CPUs with bf16 arithmetic
-
-
-def choose_dtype(requested: Dtype, *, cpu: bool, cpu_flags: frozenset[str]) -> Dtype:
-    """``serving.engine.dtype`` as vLLM gets it: ``auto`` on a CPU picks bfloat16 only where the CPU computes in
-    bf16 (elsewhere bf16 is emulated, and slower than float32); everything else passes through."""
+def choose_dtype(requested: Dtype, *, cpu: bool, isa: str) -> Dtype:
+    """``serving.engine.dtype`` as vLLM gets it: ``auto`` on a CPU picks bfloat16 only where the kernels compute in
+    bf16 (``core.machine.isa_class``: a bf16 CPU, not held to AVX2 kernels; elsewhere bf16 is emulated, and slower
+    than float32); everything else passes through."""
     if requested != "auto" or not cpu:
         return requested
-    return "bfloat16" if cpu_flags & BF16_CPU_FLAGS else "float32"
-
-
-def cpu_flags() -> frozenset[str]:
-    """This machine's CPU feature flags (Linux ``/proc/cpuinfo``; empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return frozenset()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
+    return "bfloat16" if isa in BF16_ISA_CLASSES else "float32"
 
 
 def engine_label(key: str) -> str:
@@ -147,7 +136,7 @@ def engine_label(key: str) -> str:
 def engine_dtype(requested: Dtype) -> Dtype:
     from vllm.platforms import current_platform
 
-    return choose_dtype(requested, cpu=current_platform.is_cpu(), cpu_flags=cpu_flags())
+    return choose_dtype(requested, cpu=current_platform.is_cpu(), isa=isa_class())
 
 
 class VllmEngine:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from core.machine import cpu_description, isa_class
+from core.machine import cpu_description, cpu_flags, isa_class
 
 ZEN4 = frozenset({"avx2", "avx512f", "avx512_bf16"})
 
@@ -16,3 +16,8 @@ def test_isa_class_names_the_kernels_pytorch_uses() -> None:
 def test_description_has_a_model_a_class_and_cores() -> None:
     text = cpu_description()
     assert "(" in text and text.endswith("cores")
+
+
+def test_this_machines_flags_are_read() -> None:
+    flags = cpu_flags()
+    assert not flags or "sse2" in flags or "fp" in flags  # x86 always has SSE2; arm64 lists fp

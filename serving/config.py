@@ -22,9 +22,8 @@ class EngineSettings(StrictModel):
     dtype: Dtype = Field(
         "auto",
         description="Weights and activations dtype. auto: on a CPU, bfloat16 where it has bf16 instructions "
-        "(AVX-512 BF16 or AMX; measured 1.5-1.7x faster than fp32 there) and float32 elsewhere, held-to-AVX2 kernels "
-        "included (bf16 measured "
-        "3.6x slower than fp32 on an AVX2-only AMD EPYC); on a GPU, vLLM's own choice.",
+        "(AVX-512 BF16 or AMX; measured 1.5-1.7x faster than fp32 there) and float32 elsewhere, kernels held to "
+        "AVX2 included (bf16 measured 3.6x slower than fp32 on an AVX2-only AMD EPYC); on a GPU, vLLM's own choice.",
     )
     max_model_len: int | None = Field(
         None, ge=16, description="Context window in tokens; null: the model's max_position_embeddings."

@@ -146,7 +146,18 @@ def test_serving_store_keeps_keys_conversations_usage_and_the_request_log_on_pos
 
 
 # columns added to the serving schema after its first release; a database from then lacks them
-ADDED_LATER = {"request_log": ["assigned_version", "refusal"], "api_keys": ["training_opt_in"]}
+ADDED_LATER = {
+    "request_log": [
+        "assigned_version",
+        "refusal",
+        "context_turns",
+        "feedback_rating",
+        "feedback_better",
+        "feedback_comment",
+        "feedback_at",
+    ],
+    "api_keys": ["training_opt_in"],
+}
 
 
 def test_an_older_serving_database_is_upgraded_in_place_once(
@@ -164,6 +175,7 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
         for table, columns in ADDED_LATER.items():
             for column in columns:
                 conn.execute(f'ALTER TABLE "{table}" DROP COLUMN "{column}"')
+        conn.execute("DROP INDEX IF EXISTS ix_request_log_feedback_at")  # gone with its column
 
     with caplog.at_level(logging.INFO, logger="lifecycle.serving"), ServingStore(url) as store:
         assert store.authenticate(secret) == old_key  # the old key reads back, opted out by the server default
@@ -173,6 +185,7 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
     for table, columns in ADDED_LATER.items():
         for column in columns:
             assert f"{table}.{column}" in upgraded
+    assert "request_log.ix_request_log_feedback_at" in upgraded
 
     caplog.clear()
     engine = sa.create_engine(url)

@@ -14,6 +14,9 @@ the operator's read for training curation (``training_conversations``): across k
 conversations whose key opted in (``training_opt_in``, ``lifecycle keys create NAME --training-opt-in``) and that
 were not deleted.
 
+Feedback (``record_feedback``, ``training_feedback``): a rating of an answer is stored on its request-log row, by
+the key that asked only (``serving.feedback_log``); curation reads it across keys with the same consent rule.
+
 Privacy: ``log_request`` redacts prompts and replies (``core.redact``) before writing, so the request log
 that monitoring and training read never holds an email, phone or card number. Conversation history is kept as
 written, because continuing a conversation needs it; deleting one hides it at once and ``purge_deleted`` erases it

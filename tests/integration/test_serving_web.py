@@ -289,6 +289,15 @@ def test_thumbs_down_from_the_page_and_the_api_become_pairs_until_the_opt_in_is_
         key, secret = store.create_key("feedback-e2e", training_opt_in=True)
     downs_before = _downs(gateway)
 
+    # The tiny model answers these questions with blank lines, and a blank answer can be no side of a pair (the
+    # record contract): a logit_bias added to the page's request on the wire steers it to a word, repeated.
+    steer = {str(gateway.benign_token_id): 100}
+    chat_url = gateway.url + "/v1/chat/completions"
+    page.route(
+        chat_url,
+        lambda route: route.continue_(post_data=json.dumps({**route.request.post_data_json, "logit_bias": steer})),
+    )
+
     # the page: an answer, thumbs down (sent at once), then a better answer (the same route again)
     feedback_url = gateway.url + "/v1/feedback"
     _open(page, gateway, secret)
@@ -298,7 +307,7 @@ def test_thumbs_down_from_the_page_and_the_api_become_pairs_until_the_opt_in_is_
     reply = page.locator(ASSISTANT).first
     page_text = reply.locator(".content").text_content()
     response_id = reply.get_attribute("data-response-id")
-    assert page_text and response_id and response_id.startswith("chatcmpl-")
+    assert page_text and page_text.strip() and response_id and response_id.startswith("chatcmpl-")
     with page.expect_response(feedback_url) as down:
         reply.locator(".rate-down").click()
     assert down.value.status == 200 and down.value.request.post_data_json == {"response_id": response_id, "rating": -1}
@@ -318,10 +327,14 @@ def test_thumbs_down_from_the_page_and_the_api_become_pairs_until_the_opt_in_is_
     # the API: a stateless question, rated by its completion id; another key may not rate it
     client = gateway.client(secret)
     answer = client.chat.completions.create(
-        model=gateway.model, messages=[{"role": "user", "content": API_QUESTION}], temperature=0, max_tokens=16
+        model=gateway.model,
+        messages=[{"role": "user", "content": API_QUESTION}],
+        temperature=0,
+        max_tokens=16,
+        logit_bias=steer,
     )
     api_text = answer.choices[0].message.content
-    assert api_text
+    assert api_text and api_text.strip()
     body = {"response_id": answer.id, "rating": -1, "better_answer": API_BETTER, "comment": "wrong sum"}
     theirs = httpx.post(feedback_url, json=body, headers={"Authorization": f"Bearer {gateway.api_key}"}, timeout=30)
     assert theirs.status_code == 404 and theirs.json()["error"]["code"] == "response_not_found"

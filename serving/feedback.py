@@ -11,7 +11,8 @@ Rules, each a 4xx with an OpenAI-shaped error: the key must be the one that aske
 response is a 404 like an unknown id); ``rating`` is the integer 1 or -1 (422); a better answer goes with a thumbs
 down only (422); texts longer than ``serving.limits.max_feedback_chars`` are refused (422), blank ones count as
 absent; a request that ended without an answer (an error, refused before generation) cannot be rated (400).
-Rating the same answer again replaces the earlier rating.
+Rating the same answer again replaces the earlier rating. A rating counts against the key's requests-per-minute limit
+like any request.
 
 A client may rate as soon as its response ended: the request-log row is written just after (``Gateway.finish``),
 so the route first waits for that write (``Gateway.recorded``) instead of answering 404 for a row not yet there.

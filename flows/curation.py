@@ -14,7 +14,12 @@ turns, safety, scrubbing, dedup: read its docstring). One export:
    out the prompts of the eval sets built for ``snapshot``;
 4. writes the kept records to the curated-record store (``training.curated.CuratedStore``:
    ``$LIFECYCLE_HOME/data/curated/records/<content hash>.jsonl``) and the report to
-   ``$LIFECYCLE_HOME/reports/curation-<time>.json``.
+   ``$LIFECYCLE_HOME/reports/curation-<time>.json``;
+5. turns the feedback on record (``POST /v1/feedback``: thumbs up/down, better answers) into preference pairs with
+   the same filters and held-out prompts (``training.curate_feedback``), recomputed from every rating before
+   ``until`` and written as the one file ``$LIFECYCLE_HOME/data/curated/preferences/<content hash>.jsonl``
+   (``CuratedStore.replace_preferences``): pairs whose key opted out or whose conversation was deleted are gone
+   from it (``preferences.withdrawn``).
 
 The record files accumulate across exports: ``CurationResult.sources`` lists every one on disk, to give the
 snapshot builder as extra sources (``snapshot_with_curated`` builds the configured sources plus them). The same
@@ -36,7 +41,7 @@ from core.home import Home
 from flows.config import LifecycleConfig
 from flows.stages import open_serving_store
 from serving.safety import SafetyFilters, build_filters
-from serving.schema import TrainingConversation
+from serving.schema import TrainingConversation, TrainingFeedback
 from training.curate import (
     CurationReport,
     SafetyChecker,
@@ -46,7 +51,8 @@ from training.curate import (
     prompt_keys,
     provenance_id,
 )
-from training.curated import CuratedStore, write_atomic
+from training.curate_feedback import PreferenceReport, SourceFeedback, curate_feedback
+from training.curated import CuratedStore, PreferenceChange, write_atomic
 from training.dataset import make_snapshot
 from training.records import Message, loose_text
 from training.snapshot import SPLITS, Snapshot
@@ -55,7 +61,8 @@ from training.snapshot import SPLITS, Snapshot
 @dataclass(frozen=True)
 class CurationResult:
     """One export: its window, the file it wrote (None when nothing was kept), every curated file now on disk
-    (``sources``), how many earlier records it withdrew, its report and where that was written."""
+    (``sources``), how many earlier records it withdrew, its report and where that was written; and the preference
+    pairs from feedback: the file now current, pairs added and withdrawn, and their report."""
 
     since: datetime | None
     until: datetime
@@ -64,8 +71,11 @@ class CurationResult:
     withdrawn: int
     report: CurationReport
     report_path: Path
+    preferences: PreferenceChange
+    preference_report: PreferenceReport
 
     def to_json(self) -> dict[str, Any]:
+        p = self.preferences
         return {
             "since": self.since.isoformat() if self.since else None,
             "until": self.until.isoformat(),
@@ -73,7 +83,23 @@ class CurationResult:
             "sources": [str(p) for p in self.sources],
             "withdrawn": self.withdrawn,
             "report": self.report.to_json(),
+            "preferences": {
+                "path": str(p.path) if p.path else None,
+                "pairs": self.preference_report.pairs,
+                "added": p.added,
+                "withdrawn": p.withdrawn,
+                "report": self.preference_report.to_json(),
+            },
         }
+
+    def summary(self) -> str:
+        """One line of counts: conversations curated and preference pairs from feedback."""
+        r, p = self.report, self.preference_report
+        return (
+            f"curated {r.kept} of {r.turns} new exchanges ({self.withdrawn} withdrawn); feedback: {p.pairs} "
+            f"preference pairs ({self.preferences.added} new, {self.preferences.withdrawn} withdrawn) from "
+            f"{p.rated} rated answers"
+        )
 
 
 class GatewaySafetyChecker:
@@ -122,6 +148,23 @@ def _source(conv: TrainingConversation) -> SourceConversation:
     return SourceConversation(conv.id, conv.key_id, conv.system, conv.opted_in, conv.deleted, turns)
 
 
+def _feedback(fb: TrainingFeedback) -> SourceFeedback:
+    prompt = tuple(Message(role, text) for role, text in fb.prompt) if fb.prompt is not None else None
+    return SourceFeedback(
+        fb.response_id,
+        fb.key_id,
+        fb.model_version,
+        fb.status,
+        fb.rating,
+        fb.at,
+        fb.opted_in,
+        fb.deleted,
+        prompt,
+        fb.reply,
+        fb.better_answer,
+    )
+
+
 def export_curated(
     cfg: LifecycleConfig,
     home: Home,
@@ -147,6 +190,7 @@ def export_curated(
     with open_serving_store(cfg, home) as db:
         conversations = [_source(c) for c in db.training_conversations(since, until)]
         allowed = {provenance_id("conversation", conv_id) for conv_id in db.training_conversation_ids()}
+        rated = [_feedback(f) for f in db.training_feedback(until)]
     withdrawn = store.withdraw(allowed)
 
     existing = store.prompt_keys()
@@ -156,9 +200,10 @@ def export_curated(
             existing |= prompt_keys(snapshot.records(split))
         held_out = held_out_prompts(home, snapshot)
 
+    checker = checker or gateway_checker(cfg)
     curation = curate(
         conversations,
-        checker=checker or gateway_checker(cfg),
+        checker=checker,
         limits=cfg.snapshot,
         since=since,
         until=until,
@@ -166,6 +211,8 @@ def export_curated(
         held_out=held_out,
     )
     path = store.write(curation.jsonl()) if curation.records else None
+    pairs = curate_feedback(rated, checker=checker, limits=cfg.snapshot, held_out=held_out)
+    change = store.replace_preferences(pairs.jsonl())
     result = CurationResult(
         since=since,
         until=until,
@@ -174,6 +221,8 @@ def export_curated(
         withdrawn=withdrawn,
         report=curation.report,
         report_path=home.reports / f"curation-{until.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json",
+        preferences=change,
+        preference_report=pairs.report,
     )
     write_atomic(
         result.report_path,

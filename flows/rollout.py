@@ -159,6 +159,8 @@ def rollout_status(cfg: LifecycleConfig, home: Home, controller: RolloutControll
             "safety_hit_rate": s.safety_hit_rate,
             "refusal_rate": s.refusal_rate,
             "abort_rate": s.abort_rate,
+            "rated": s.rated,
+            "thumbs_down_rate": s.thumbs_down_rate if s.rated else None,
         }
     return RolloutStatus(
         model=name,

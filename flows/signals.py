@@ -22,7 +22,7 @@ either way, goes to the decision log, the monitor run's tags and the registered 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -158,6 +158,8 @@ class RetrainCheck:
     monitor: MonitorResult
     decision: RetrainDecision
     curated: dict[str, Any]  # the curation export's report
+    curation_summary: str = ""  # its one line of counts (conversations and preference pairs)
+    preferences: dict[str, Any] = field(default_factory=dict)  # the preference pairs from feedback
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -167,6 +169,8 @@ class RetrainCheck:
             "why_not": self.decision.why_not,
             "drift": self.monitor.to_json(),
             "curated": self.curated,
+            "curation_summary": self.curation_summary,
+            "preferences": self.preferences,
         }
 
 
@@ -187,7 +191,9 @@ def retrain_check_stage(
     now = datetime.now(UTC)
     decision = decide_retrain(monitor.report, signals, read_history(cfg, home), cfg.monitoring.retrain, now)
     record_decision(cfg, home, decision, monitor, actor)
-    return RetrainCheck(monitor, decision, curation.report.to_json())
+    return RetrainCheck(
+        monitor, decision, curation.report.to_json(), curation.summary(), curation.to_json()["preferences"]
+    )
 
 
 def record_decision(

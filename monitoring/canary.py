@@ -12,6 +12,10 @@ champion) runs these checks; every comparison passes unless the data show a regr
   (unpooled) of H0: p_canary - p_baseline <= tolerance; fail when p < alpha.
 - ``refusal_rate``: the same test, **two-sided** (|difference| > tolerance): refusing far less than the champion
   is as suspicious as refusing more (a poisoned model complies with harmful requests).
+- ``thumbs_down_rate``: users' ratings (``POST /v1/feedback``), the same one-sided test as the error rate on
+  thumbs down / rated answers, once both sides have ``min_feedback`` rated answers; with less it *passes* with
+  "too little feedback" (most answers are never rated: the signal may roll a bad canary back, it must not hold a
+  good one).
 - ``ttft_p95_ms``, ``ttft_p99_ms``, ``tpot_p95_ms``: seeded percentile bootstrap of the difference of
   percentiles; fail when the lower (1 - alpha) bound exceeds the allowed delta.
 
@@ -133,6 +137,27 @@ def _rate_check(
     return _judged(name, p, alpha, shown, failed, tolerance, pc, pb)
 
 
+def _feedback_check(
+    baseline: VersionStats, candidate: VersionStats, policy: RolloutPolicy, too_few: str | None, who: str
+) -> Check:
+    name, tol, min_n = "thumbs_down_rate", policy.thresholds.thumbs_down_tolerance, policy.min_feedback
+    if too_few:
+        return _check(name, "inconclusive", too_few, threshold=tol)
+    short = [f"{side} {s.rated} < {min_n}" for side, s in ((who, candidate), ("baseline", baseline)) if s.rated < min_n]
+    if short:
+        return _check(
+            name,
+            "pass",
+            "too little feedback to judge: " + ", ".join(short) + " rated answers",
+            threshold=tol,
+            candidate=candidate.thumbs_down_rate if candidate.rated else None,
+            baseline=baseline.thumbs_down_rate if baseline.rated else None,
+        )
+    return _rate_check(
+        name, (candidate.thumbs_down, candidate.rated), (baseline.thumbs_down, baseline.rated), tol, False, policy.alpha
+    )
+
+
 def _latency_checks(
     specs: list[tuple[str, float, float]],
     cand: NDArray[np.float64],
@@ -214,6 +239,7 @@ def _analyze(baseline: VersionStats, candidate: VersionStats, policy: RolloutPol
             checks.append(_check(name, "inconclusive", too_few, threshold=tol))
         else:
             checks.append(_rate_check(name, counts(candidate), counts(baseline), tol, two_sided, policy.alpha))
+    checks.append(_feedback_check(baseline, candidate, policy, too_few, who))
     for seed_index, array in enumerate(("ttft_ms", "tpot_ms")):
         specs = [(name, q, float(getattr(th, d))) for name, a, q, d in _LATENCIES if a == array]
         if too_few:

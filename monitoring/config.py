@@ -50,6 +50,13 @@ class RolloutThresholds(StrictModel):
     abort_tolerance: float = Field(
         0.05, ge=0, le=1, description="Allowed increase of the client-abort rate (users leaving mid-answer)."
     )
+    thumbs_down_tolerance: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Allowed increase of the thumbs-down rate (thumbs down / rated answers, POST /v1/feedback) over "
+        "the baseline's.",
+    )
     shadow_min_similarity: float = Field(
         0.5, ge=-1, le=1, description="Floor on the mean embedding similarity of shadow and primary answers."
     )
@@ -84,6 +91,13 @@ class RolloutPolicy(StrictModel):
         100,
         ge=1,
         description="Requests per version (canary and baseline both) in an analysis window before it can pass.",
+    )
+    min_feedback: int = Field(
+        30,
+        ge=1,
+        description="Rated answers per version (canary and baseline both) before the thumbs-down comparison can "
+        "fail; below it the check passes with 'too little feedback' (users rate few answers: it must not hold a "
+        "rollout).",
     )
     min_latency_samples: int = Field(
         30, ge=1, description="Latency measurements per version needed before a latency check decides."

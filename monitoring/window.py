@@ -15,7 +15,9 @@ How a log row counts for a version (``version_stats``):
 - answered by another version because the gateway shed load (``brownout-fallback``): **shed**, neither success
   nor error (a load spike is not the version's fault; in LoRA mode champion and canary share one engine);
 - otherwise by status: ``error`` -> error, ``aborted`` (the client went away) -> aborted, left out of the success
-  denominator; safety hits, refusals, completions and latencies come from the rows the version answered itself.
+  denominator; safety hits, refusals, completions and latencies come from the rows the version answered itself;
+- user feedback (``feedback_rating``, ``POST /v1/feedback``) counts on the answered rows it rates (``rated``,
+  ``thumbs_down``): a rating given after the analysis read the window counts in the next analysis.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class LogRow(Protocol):
     def refusal(self) -> bool | None: ...  # the reply opens as a refusal
     @property
     def finish_reason(self) -> str | None: ...
+    @property
+    def feedback_rating(self) -> int | None: ...  # the user's rating of the answer: 1, -1, None (not rated)
 
 
 class ShadowRow(Protocol):
@@ -116,6 +120,8 @@ class VersionStats:
     post_filter_hits: int = 0
     completed: int = 0  # status ok or content_filter
     refusals: int = 0  # status ok and the reply opens as a refusal
+    rated: int = 0  # answers the version wrote that a user rated (thumbs up or down)
+    thumbs_down: int = 0  # of which rated down
     ttft_ms: NDArray[np.float64] = field(default_factory=lambda: _array([]), compare=False, repr=False)
     tpot_ms: NDArray[np.float64] = field(default_factory=lambda: _array([]), compare=False, repr=False)
     e2e_ms: NDArray[np.float64] = field(default_factory=lambda: _array([]), compare=False, repr=False)
@@ -153,6 +159,10 @@ class VersionStats:
     def refusal_rate(self) -> float:
         return _ratio(self.refusals, self.completed)
 
+    @property
+    def thumbs_down_rate(self) -> float:
+        return _ratio(self.thumbs_down, self.rated)
+
     def percentile(self, name: LatencyName, q: float) -> float | None:
         """The ``q``-th percentile (0..100) of a latency in ms; None without measurements."""
         values: NDArray[np.float64] = getattr(self, name)
@@ -165,7 +175,21 @@ def _in_window(at: datetime, since: datetime | None) -> bool:
 
 def version_stats(rows: Iterable[LogRow], version: str, since: datetime | None = None) -> VersionStats:
     """The statistics of ``version`` over ``rows`` at or after ``since`` (all rows when None)."""
-    c = dict.fromkeys(("n", "errors", "rerouted", "shed", "aborted", "answered", "pre", "post", "done", "refusals"), 0)
+    names = (
+        "n",
+        "errors",
+        "rerouted",
+        "shed",
+        "aborted",
+        "answered",
+        "pre",
+        "post",
+        "done",
+        "refusals",
+        "rated",
+        "down",
+    )
+    c = dict.fromkeys(names, 0)
     lat: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
     for row in rows:
         assigned = row.assigned_version or row.model_version
@@ -192,6 +216,9 @@ def version_stats(rows: Iterable[LogRow], version: str, since: datetime | None =
         c["post"] += row.post_filter is not None
         if row.status in ("ok", "content_filter"):
             c["done"] += 1
+            if row.feedback_rating is not None:
+                c["rated"] += 1
+                c["down"] += row.feedback_rating < 0
         if row.status == "ok":
             c["refusals"] += bool(row.refusal)
             for name, value in (("ttft_ms", row.ttft_ms), ("tpot_ms", row.tpot_ms), ("e2e_ms", row.e2e_ms)):
@@ -209,6 +236,8 @@ def version_stats(rows: Iterable[LogRow], version: str, since: datetime | None =
         post_filter_hits=c["post"],
         completed=c["done"],
         refusals=c["refusals"],
+        rated=c["rated"],
+        thumbs_down=c["down"],
         ttft_ms=_array(lat["ttft_ms"]),
         tpot_ms=_array(lat["tpot_ms"]),
         e2e_ms=_array(lat["e2e_ms"]),

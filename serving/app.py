@@ -8,6 +8,7 @@ Routes (OpenAI's first, then ours, marked as extensions in the OpenAPI tags):
     GET  /v1/models
     GET  /v1/conversations, GET/DELETE /v1/conversations/{id}     (extension)
     GET  /v1/usage                                                 (extension)
+    POST /v1/feedback             thumbs up/down on an answer      (extension, serving.feedback)
     GET|HEAD /healthz /readyz, GET /metrics, GET / (the chat page)
 
 Every response carries ``x-request-id``; answers carry ``x-model-version``. Errors are OpenAI-shaped JSON with the
@@ -35,7 +36,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from core.errors import NotFoundError
-from serving import chat, completions, openapi
+from serving import chat, completions, feedback, openapi
 from serving.body import read_json
 from serving.call import Call
 from serving.errors import APIError, bad_request, error_body, not_found, unauthorized, unavailable
@@ -236,6 +237,20 @@ def create_app(runtime: GatewayRuntime) -> FastAPI:
         ]
         return {"object": "list", "key_id": key.id, "data": data}
 
+    @app.post(
+        "/v1/feedback",
+        tags=["extension"],
+        response_model=None,
+        responses=openapi.answers(openapi.FeedbackOut, openapi.FEEDBACK_ERRORS),
+        openapi_extra=openapi.body(feedback.FeedbackRequest, streams=False),
+    )
+    async def rate(request: Request) -> dict[str, Any]:
+        gw = gateway()
+        key = await _key(gw, request)
+        gw.check_rate(key)
+        req = feedback.parse(await read_json(request, gw.cfg.limits), gw.cfg.limits)
+        return await feedback.submit(gw, key, req)
+
     # --- operations ---------------------------------------------------------------------------------------
 
     @app.api_route(
@@ -288,7 +303,7 @@ def create_app(runtime: GatewayRuntime) -> FastAPI:
     async def page() -> HTMLResponse:
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
-    openapi.install(app, [ChatCompletionRequest, completions.CompletionRequest])
+    openapi.install(app, [ChatCompletionRequest, completions.CompletionRequest, feedback.FeedbackRequest])
     return app
 
 

@@ -30,6 +30,7 @@ class Call:
     new_messages: list[dict[str, str]]  # the turns this request adds (chat); empty for text completions
     conversation_id: str | None
     prompt_text: str = ""  # what the request log keeps of the prompt: the newest user turn, or the text prompt
+    context_turns: int | None = None  # chat: the messages the model answers (history + new); None: text completion
     assigned: str | None = None  # the version the routing chose (the split's champion or canary), before fallback
     new_conversation: bool = False  # conversation_id is made up front; the conversation exists once accepted
     shadow: ServedModel | None = None  # the shadow version this request may be mirrored to

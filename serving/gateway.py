@@ -118,6 +118,7 @@ class Gateway:
         )
         self.recorder = Recorder(cfg, store, limiter, self.metrics)
         self._background: set[asyncio.Task[None]] = set()
+        self._recording: dict[str, asyncio.Task[None]] = {}  # request id -> its record write, while it runs
         # one tokenization at a time: a fast tokenizer's Rust state is not safe under concurrent calls
         self.tokenizing = threading.Lock()
 
@@ -282,6 +283,7 @@ class Gateway:
             new_conversation=new_conversation,
             shadow=route.shadow if route_kind in SHADOWED_ROUTES else None,
             prompt_text=_last_user(new_messages),
+            context_turns=len(history) + len(new_messages),
         )
         if self.refuse(call, verdict):
             await self._start_conversation(call)
@@ -495,6 +497,16 @@ class Gateway:
         task = asyncio.get_running_loop().create_task(anyio.to_thread.run_sync(self.recorder.record, call))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        rid = call.request_id
+        self._recording[rid] = task
+        task.add_done_callback(lambda t: self._recording.pop(rid) if self._recording.get(rid) is t else None)
+
+    async def recorded(self, request_id: str) -> None:
+        """Wait until the record write of ``request_id`` (if one is running) is done: a client rating an answer
+        right after its response must find the request-log row (``serving.feedback``)."""
+        task = self._recording.get(request_id)
+        if task is not None:
+            await asyncio.wait({task})
 
     def log_rejected(self, request_id: str, key: ApiKey | None, model: str, exc: APIError, started: float) -> None:
         self.recorder.rejected(request_id, key, model, exc, started)

@@ -88,6 +88,13 @@ class ServingMetrics:
             ["reason"],
             registry=r,
         )
+        self.feedback = Counter(
+            "lifecycle_feedback",
+            "Ratings of answers received (POST /v1/feedback; rating an answer again counts again), by the version "
+            "that wrote the answer and rating (up, down).",
+            ["model_version", "rating"],
+            registry=r,
+        )
         self.engine_up = Gauge("lifecycle_engine_up", "1 when the engine is ready.", ["engine"], registry=r)
         self.canary_routes = Counter(
             "lifecycle_canary_routes",

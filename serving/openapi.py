@@ -139,6 +139,15 @@ class UsageList(BaseModel):
     data: list[UsageDay]
 
 
+class FeedbackOut(BaseModel):
+    object: str = Field(description="feedback")
+    response_id: str
+    rating: int = Field(description="1 (thumbs up) or -1 (thumbs down)")
+    better_answer: bool = Field(description="Whether a better answer was stored with it.")
+    model_version: str | None = Field(description="The version that wrote the rated answer.")
+    created: int
+
+
 class Health(BaseModel):
     status: str
 
@@ -171,6 +180,12 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {
     503: _error("No healthy engine can answer (Retry-After says when to retry)"),
 }
 ROUTE_ERRORS: dict[int | str, dict[str, Any]] = {**CLIENT_ERRORS, 503: BODY_ERRORS[503]}
+FEEDBACK_ERRORS: dict[int | str, dict[str, Any]] = {
+    **BODY_ERRORS,
+    400: _error("Invalid request: malformed JSON, or a response that ended without an answer to rate"),
+    404: _error("No such response of this API key (another key's response looks the same)"),
+    422: _error("The body breaks the schema, a rating other than 1 or -1, a text over the length limit"),
+}
 
 
 def answers(model: type[BaseModel], errors: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:

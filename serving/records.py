@@ -89,6 +89,7 @@ class Recorder:
                     error=call.error,
                     assigned_version=call.assigned,
                     refusal=is_refusal(text) if call.status == "ok" else None,
+                    context_turns=call.context_turns,
                 )
             )
         except Exception:  # the response is already out; losing a log row must be loud, not fatal

@@ -4,7 +4,8 @@ Portable column types only, so the same tables run on SQLite and on Postgres; ev
 ``UtcDateTime`` (stored as UTC, handed back timezone-aware). Key id columns are plain indexed strings (no foreign key)
 so a gateway running without keys can use one fixed tenant id. Records: ``ApiKey`` (api_keys), ``Conversation`` and
 ``StoredMessage`` (conversations, messages), ``UsageRow`` (usage_daily), ``RequestLogEntry`` (request_log),
-``ShadowLogEntry`` (shadow_log), and ``TrainingConversation``/``TrainingTurn`` (conversations as training curation
+``ShadowLogEntry`` (shadow_log), ``Feedback`` and ``TrainingFeedback`` (ratings of answers, on their request-log
+rows), and ``TrainingConversation``/``TrainingTurn`` (conversations as training curation
 reads them, across keys).
 """
 
@@ -136,7 +137,17 @@ log_t = sa.Table(
     # added with progressive delivery (``ServingStore`` adds them to older databases on open)
     sa.Column("assigned_version", sa.String(200)),
     sa.Column("refusal", sa.Boolean),
+    # added with production feedback (POST /v1/feedback): the latest rating of this answer by the key that asked
+    # for it, +1 or -1, with an optional better answer and comment (both redacted like the prompt and reply);
+    # ``context_turns``: messages the model saw before its reply (curation rebuilds a stateless prompt from
+    # ``prompt_text`` only when it was the single one)
+    sa.Column("context_turns", sa.Integer),
+    sa.Column("feedback_rating", sa.SmallInteger),
+    sa.Column("feedback_better", sa.Text),
+    sa.Column("feedback_comment", sa.Text),
+    sa.Column("feedback_at", UtcDateTime),
     sa.Index("ix_request_log_version_at", "model_version", "at"),
+    sa.Index("ix_request_log_feedback_at", "feedback_at"),
 )
 
 shadow_t = sa.Table(
@@ -273,6 +284,48 @@ class RequestLogEntry:
     redactions: int = 0
     assigned_version: str | None = None
     refusal: bool | None = None
+    context_turns: int | None = None
+    feedback_rating: int | None = None
+    feedback_better: str | None = None
+    feedback_comment: str | None = None
+    feedback_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """A rating of one answer (``ServingStore.record_feedback``): what was stored, redacted."""
+
+    response_id: str
+    model_version: str | None
+    rating: int  # +1 or -1
+    better_answer: str | None
+    comment: str | None
+    at: datetime
+
+
+@dataclass(frozen=True)
+class TrainingFeedback:
+    """One rated answer as training curation reads it (``ServingStore.training_feedback``), across keys.
+
+    ``opted_in`` and ``deleted`` as for ``TrainingConversation`` (``deleted``: its conversation was deleted).
+    ``prompt`` is the context the model answered (system, then alternating user/assistant turns, ending with the
+    user turn), rebuilt from the stored conversation or, for a stateless request of one message, from the logged
+    prompt; None when it cannot be rebuilt (a stateless request with earlier turns the log does not keep). The
+    text fields are empty unless the row may be used (opted in, not deleted): they never leave the database.
+    """
+
+    response_id: str
+    key_id: str
+    conversation_id: str | None
+    model_version: str | None
+    status: str
+    rating: int
+    at: datetime  # when it was rated
+    opted_in: bool
+    deleted: bool
+    prompt: tuple[tuple[str, str], ...] | None = None  # (role, content) pairs
+    reply: str = ""
+    better_answer: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ the operator's read for training curation (``training_conversations``): across k
 conversations whose key opted in (``training_opt_in``, ``lifecycle keys create NAME --training-opt-in``) and that
 were not deleted.
 
+Feedback (``record_feedback``, ``training_feedback``): a rating of an answer is stored on its request-log row, by
+the key that asked only (``serving.feedback_log``); curation reads it across keys with the same consent rule.
+
 Privacy: ``log_request`` redacts prompts and replies (``core.redact``) before writing, so the request log
 that monitoring and training read never holds an email, phone or card number. Conversation history is kept as
 written, because continuing a conversation needs it; deleting one hides it at once and ``purge_deleted`` erases it
@@ -41,13 +44,16 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQL
 
 from core.errors import ConfigError, DataError, NotFoundError
 from core.redact import redact
+from serving import feedback_log
 from serving.schema import (
     ApiKey,
     Conversation,
+    Feedback,
     RequestLogEntry,
     ShadowLogEntry,
     StoredMessage,
     TrainingConversation,
+    TrainingFeedback,
     TrainingTurn,
     UsageRow,
     UtcDateTime,
@@ -66,11 +72,13 @@ __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
     "ApiKey",
     "Conversation",
+    "Feedback",
     "RequestLogEntry",
     "ServingStore",
     "ShadowLogEntry",
     "StoredMessage",
     "TrainingConversation",
+    "TrainingFeedback",
     "TrainingTurn",
     "UsageRow",
     "UtcDateTime",
@@ -124,6 +132,7 @@ class ServingStore:
         try:
             metadata.create_all(self._writer)
             added = _add_missing_columns(self._writer)
+            added += _add_missing_indexes(self._writer)
         except SQLAlchemyError as exc:
             engine.dispose()
             raise ConfigError(f"cannot open the serving database {shown}: {exc}") from exc
@@ -451,6 +460,23 @@ class ServingStore:
             rows = conn.execute(query).all()
         return [RequestLogEntry(**r._asdict()) for r in reversed(rows)]
 
+    # feedback
+
+    def record_feedback(
+        self, key_id: str, response_id: str, rating: int, better_answer: str | None = None, comment: str | None = None
+    ) -> Feedback:
+        """Rate the key's answer ``response_id`` (+1/-1), with an optional better answer and comment, on its
+        request-log row; NotFoundError for another key's or an unknown id, DataError for a request without an
+        answer (``serving.feedback_log``)."""
+        with self._write() as conn:
+            return feedback_log.record(conn, key_id, response_id, rating, better_answer, comment, _now())
+
+    def training_feedback(self, until: datetime | None = None) -> list[TrainingFeedback]:
+        """Every rated answer (rated before ``until``), across keys, for training curation: only those of keys
+        opted in now, outside deleted conversations, carry their text (``serving.feedback_log.training_rows``)."""
+        with self._read() as conn:
+            return feedback_log.training_rows(conn, until)
+
     # shadow log
 
     def log_shadow(self, entry: ShadowLogEntry) -> ShadowLogEntry:
@@ -511,6 +537,28 @@ def _add_missing_columns(engine: sa.Engine) -> list[str]:
                     raise
                 continue  # another process added it meanwhile
             added.append(f"{table.name}.{column.name}")
+    return added
+
+
+def _add_missing_indexes(engine: sa.Engine) -> list[str]:
+    """Create the indexes of ``metadata`` that tables created by an older version lack (``create_all`` skips
+    existing tables); ``CREATE INDEX`` after checking, and a lost race re-checked, like ``_add_missing_columns``."""
+    added: list[str] = []
+    for table in metadata.sorted_tables:
+        inspector = sa.inspect(engine)
+        if not inspector.has_table(table.name):
+            continue
+        present = {i["name"] for i in inspector.get_indexes(table.name)}
+        for index in table.indexes:
+            if index.name in present:
+                continue
+            try:
+                index.create(engine)
+            except SQLAlchemyError:
+                if index.name not in {i["name"] for i in sa.inspect(engine).get_indexes(table.name)}:
+                    raise
+                continue
+            added.append(f"{table.name}.{index.name}")
     return added
 
 

@@ -5,22 +5,35 @@
     store.sources()                   # every record file: extra sources for the snapshot builder
     store.withdraw(allowed)           # drop records whose conversation may no longer be used
     store.untrained(snapshot)         # records the snapshot (the champion's data) does not hold yet
+    store.replace_preferences(text)   # preferences/<content hash>.jsonl: the feedback pairs, recomputed per export
 
-Layout: ``records/*.jsonl`` (one curated record a line, ``training.curate``'s format) and ``state.json`` (the end of
-the last export's window, so consecutive exports neither overlap nor leave a gap). The rules of what gets in live
-in ``training.curate``; reading the gateway's database is the orchestration's glue (``flows.curation``).
+Layout: ``records/*.jsonl`` (one curated record a line, ``training.curate``'s format), ``preferences/*.jsonl``
+(preference pairs from feedback, ``training.curate_feedback``'s format: one file, the whole current set) and
+``state.json`` (the end of the last export's window, so consecutive exports neither overlap nor leave a gap). The
+rules of what gets in live in ``training.curate`` (and ``training.curate_feedback``); reading the gateway's
+database is the orchestration's glue (``flows.curation``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from core.hashing import sha256_file, sha256_text
 from training.curate import prompt_keys
 from training.snapshot import Snapshot
+
+
+@dataclass(frozen=True)
+class PreferenceChange:
+    """What ``CuratedStore.replace_preferences`` did: the current file, pairs added and withdrawn."""
+
+    path: Path | None
+    added: int
+    withdrawn: int
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -41,6 +54,7 @@ class CuratedStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.records = root / "records"  # a snapshot source folder once it holds a file
+        self.preferences = root / "preferences"  # a preference snapshot's source folder
         self._state = root / "state.json"
 
     def sources(self) -> list[Path]:
@@ -76,6 +90,26 @@ class CuratedStore:
                 self.write("".join(line + "\n" for line in keep))
             path.unlink()
         return removed
+
+    def preference_sources(self) -> list[Path]:
+        """The preference-pair files on disk, sorted (one after an export; none before the first pair)."""
+        return sorted(self.preferences.glob("*.jsonl")) if self.preferences.is_dir() else []
+
+    def replace_preferences(self, text: str) -> PreferenceChange:
+        """Make ``text`` (the whole current set of pairs) the only preference file: written under its content hash,
+        every other file removed. Returns the file (None when there are no pairs) and the lines that came and went:
+        a pair whose feedback may no longer be used (opt-out, deletion) is ``withdrawn`` here."""
+        before = {line for path in self.preference_sources() for line in _read_lines(path)}
+        after = {line for line in text.splitlines() if line.strip()}
+        path = None
+        if after:
+            path = self.preferences / f"{sha256_text(text)[:16]}.jsonl"
+            if not path.is_file():
+                write_atomic(path, text)
+        for old in self.preference_sources():
+            if old != path:
+                old.unlink()
+        return PreferenceChange(path, len(after - before), len(before - after))
 
     def prompt_keys(self) -> set[str]:
         """The dedup keys of every prompt in the store (``training.curate.prompt_keys``)."""

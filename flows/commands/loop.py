@@ -72,7 +72,8 @@ def monitor(ctx: Context) -> int:
 
 @command(
     "retrain",
-    help="the retrain check (a Prefect flow): monitor, curate opted-in conversations, decide (drift and a quality "
+    help="the retrain check (a Prefect flow): monitor, curate opted-in conversations (and their feedback into "
+    "preference pairs), decide (drift and a quality "
     "signal, cooldown, loop guard); when triggered: train on the curated snapshot, gate, make it the challenger",
     example="lifecycle retrain --dry-run\n  lifecycle retrain",
     args=[Arg("--dry-run", action="store_true", help="decide and record, do not retrain")],
@@ -81,7 +82,11 @@ def retrain(ctx: Context) -> int:
     from flows.retrain import retrain_check_flow
 
     out = retrain_check_flow(ctx.config, ctx.home, dry_run=ctx.args.dry_run)
-    lines = [f"drift {out['drift']['status'].upper()}: {out['drift']['reason']}", f"{out['summary']}"]
+    lines = [
+        f"drift {out['drift']['status'].upper()}: {out['drift']['reason']}",
+        f"{out['summary']}",
+        out["curation_summary"],
+    ]
     if "retrained" in out:
         r = out["retrained"]
         lines.append(f"retrained {ctx.config.registry.model_name}/{r['version']}: gate {r['gate']}")

@@ -164,7 +164,7 @@ def status_lines(s: RolloutStatus) -> list[str]:
         lines.append("  rollout        none in progress")
     if s.window:
         cols = ["requests", "success_rate", "ttft_p95_ms", "ttft_p99_ms", "tpot_p95_ms", "safety_hit_rate"]
-        cols += ["refusal_rate", "abort_rate"]
+        cols += ["refusal_rate", "abort_rate", "rated", "thumbs_down_rate"]
         lines.append("  window         " + "  ".join(f"{c:>15}" for c in ["version", *cols]))
         for ref, stats in s.window.items():
             lines.append(

@@ -145,8 +145,56 @@ def test_serving_store_keeps_keys_conversations_usage_and_the_request_log_on_pos
         assert conn.execute("SELECT count(*) FROM request_log").fetchone() == (3,)
 
 
+def test_feedback_is_stored_on_its_row_and_read_for_curation_on_postgres(postgres: PostgresCluster) -> None:
+    from core.errors import NotFoundError
+    from serving.store import ServingStore
+
+    url = postgres.create_database("serving_feedback")
+    with ServingStore(url) as store:
+        key, _ = store.create_key("pg-rater", training_opt_in=True)
+        other, _ = store.create_key("pg-other")
+        conv = store.create_conversation(key.id, "pg-store", system="be brief")
+        store.append_messages(key.id, conv.id, [{"role": "user", "content": "hi"}], None)
+        store.append_messages(key.id, conv.id, [{"role": "assistant", "content": "hello"}], "pg-store/1")
+        t0 = datetime.now(UTC)
+        common = {"key_id": key.id, "prompt_text": "hi", "response_text": "hello"}
+        store.log_request(_entry(t0, "pg-store/1", request_id="req_conv", conversation_id=conv.id, **common))
+        store.log_request(_entry(t0, "pg-store/1", request_id="req_flat", context_turns=1, **common))
+        with pytest.raises(NotFoundError):
+            store.record_feedback(other.id, "req_conv", -1)
+        store.record_feedback(key.id, "req_conv", -1, "Hello! Mail jane@example.com", "terse")
+        store.record_feedback(key.id, "req_flat", 1)
+    with ServingStore(url) as store:
+        got = {f.response_id: f for f in store.training_feedback()}
+        conv_fb, flat = got["req_conv"], got["req_flat"]
+        assert (conv_fb.rating, conv_fb.prompt, conv_fb.reply) == (
+            -1,
+            (("system", "be brief"), ("user", "hi")),
+            "hello",
+        )
+        assert conv_fb.better_answer == "Hello! Mail [EMAIL]" and conv_fb.at.tzinfo is not None
+        assert (flat.rating, flat.prompt, flat.opted_in, flat.deleted) == (1, (("user", "hi"),), True, False)
+        store.delete_conversation(key.id, conv.id)
+        assert {f.response_id: f.deleted for f in store.training_feedback()} == {"req_conv": True, "req_flat": False}
+    with postgres.connect("serving_feedback") as conn:
+        assert conn.execute(
+            "SELECT feedback_rating, feedback_comment FROM request_log WHERE request_id = 'req_conv'"
+        ).fetchone() == (-1, "terse")
+
+
 # columns added to the serving schema after its first release; a database from then lacks them
-ADDED_LATER = {"request_log": ["assigned_version", "refusal"], "api_keys": ["training_opt_in"]}
+ADDED_LATER = {
+    "request_log": [
+        "assigned_version",
+        "refusal",
+        "context_turns",
+        "feedback_rating",
+        "feedback_better",
+        "feedback_comment",
+        "feedback_at",
+    ],
+    "api_keys": ["training_opt_in"],
+}
 
 
 def test_an_older_serving_database_is_upgraded_in_place_once(
@@ -164,6 +212,7 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
         for table, columns in ADDED_LATER.items():
             for column in columns:
                 conn.execute(f'ALTER TABLE "{table}" DROP COLUMN "{column}"')
+        conn.execute("DROP INDEX IF EXISTS ix_request_log_feedback_at")  # gone with its column
 
     with caplog.at_level(logging.INFO, logger="lifecycle.serving"), ServingStore(url) as store:
         assert store.authenticate(secret) == old_key  # the old key reads back, opted out by the server default
@@ -173,6 +222,7 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
     for table, columns in ADDED_LATER.items():
         for column in columns:
             assert f"{table}.{column}" in upgraded
+    assert "request_log.ix_request_log_feedback_at" in upgraded
 
     caplog.clear()
     engine = sa.create_engine(url)

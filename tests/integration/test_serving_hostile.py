@@ -60,6 +60,9 @@ def _bad_requests(gw: Gateway) -> list[tuple[str, str, dict[str, Any], dict[str,
         ("GET", "/v1/usage", {"params": {"start": "yesterday"}}, _auth(gw), 400),
         ("PUT", "/v1/models", {}, _auth(gw), 405),
         ("GET", "/v1/conversations/a%0Ab", {}, _auth(gw), 404),  # a newline BentoML's mount cannot match
+        ("POST", "/v1/feedback", _json({"response_id": "chatcmpl-x", "rating": 5}), js, 422),
+        ("POST", "/v1/feedback", _json({"response_id": "chatcmpl-x", "rating": -1}), js, 404),
+        ("POST", "/v1/feedback", _json({"response_id": "chatcmpl-x", "rating": -1, "comment": "x" * 9000}), js, 422),
         ("GET", "/wp-admin/setup.php", {}, {}, 404),
     ]
     return out
@@ -141,12 +144,18 @@ def test_a_blocked_turn_stays_in_the_history_and_out_of_the_context(gateway: Gat
 def test_openapi_declares_request_bodies_and_error_answers(gateway: Gateway) -> None:
     doc = httpx.get(gateway.url + "/openapi.json", timeout=30).json()
     schemas = doc["components"]["schemas"]
-    for path, model in (("/v1/chat/completions", "ChatCompletionRequest"), ("/v1/completions", "CompletionRequest")):
+    bodies = {
+        "/v1/chat/completions": "ChatCompletionRequest",
+        "/v1/completions": "CompletionRequest",
+        "/v1/feedback": "FeedbackRequest",
+    }
+    for path, model in bodies.items():
         op = doc["paths"][path]["post"]
         body = op["requestBody"]["content"]["application/json"]["schema"]
         assert body == {"$ref": f"#/components/schemas/{model}"} and model in schemas
         assert {"400", "401", "404", "413", "415", "422", "429", "500", "503"} <= set(op["responses"])
-        assert {"application/json", "text/event-stream"} <= set(op["responses"]["200"]["content"])
+        if model != "FeedbackRequest":  # the feedback route answers JSON only, never a stream
+            assert {"application/json", "text/event-stream"} <= set(op["responses"]["200"]["content"])
     for path in ("/v1/models", "/v1/conversations", "/v1/conversations/{conversation_id}", "/v1/usage"):
         for op in doc["paths"][path].values():
             assert {"400", "401", "404", "422", "500"} <= set(op["responses"]), path

@@ -9,10 +9,15 @@ finish reason and usage; it starts a stored conversation with our ``conversation
 and continues it by sending only the new message plus the id the server returned; a turn the safety filter blocks
 is shown marked and does not block the turns after it; it shows the server's OpenAI-shaped error message for a
 wrong key; it keeps the key in sessionStorage, never localStorage; it makes no request off its origin.
+
+Feedback end to end (issue 14): a thumbs down with a better answer sent from the page and one sent with the API
+land on their request-log rows and in /metrics; a curation run on the gateway's home turns them into preference
+pairs; the key's opt-in revoked, the next run withdraws them.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
+from serving.store import ServingStore
+from training.records import normalize_text
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -68,6 +76,15 @@ def page(browser: Any) -> Iterator[Any]:
 def _wait_for_replies(page: Any, n: int) -> None:
     """Until n assistant replies have finished streaming (the page sets data-finish-reason at the end)."""
     page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length === n", arg=[FINISHED, n])
+
+
+def _open(page: Any, gateway: Any, key: str) -> None:
+    """The page with ``key`` entered, the served model chosen, greedy sampling."""
+    page.goto(gateway.url + "/")
+    page.fill("#api-key", key)
+    page.wait_for_selector(f'#model option[value="{gateway.model}"]', state="attached")
+    page.select_option("#model", gateway.model)
+    page.fill("#temperature", "0")
 
 
 def _status(page: Any) -> dict[str, str]:
@@ -248,3 +265,106 @@ def test_page_marks_a_blocked_turn_and_the_conversation_goes_on(page: Any, gatew
         None,
         None,
     ]
+
+
+PAGE_BETTER = "2 + 2 is 4."
+API_QUESTION = "What is 3 + 3?"
+API_BETTER = "3 + 3 is 6."
+
+
+def _downs(gateway: Any) -> float:
+    """The sum of lifecycle_feedback_total{rating="down"} over versions, read from /metrics."""
+    text = httpx.get(gateway.url + "/metrics", timeout=30).text
+    lines = [ln for ln in text.splitlines() if ln.startswith("lifecycle_feedback_total{") and 'rating="down"' in ln]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
+
+
+def test_thumbs_down_from_the_page_and_the_api_become_pairs_until_the_opt_in_is_revoked(
+    page: Any, gateway: Any
+) -> None:
+    from flows.curation import export_curated
+
+    db = f"sqlite:///{gateway.home.serving / 'serving.db'}"
+    with ServingStore(db) as store:  # the gateway reads keys from its database on every request
+        key, secret = store.create_key("feedback-e2e", training_opt_in=True)
+    downs_before = _downs(gateway)
+
+    # The tiny model answers these questions with blank lines, and a blank answer can be no side of a pair (the
+    # record contract): a logit_bias added to the page's request on the wire steers it to a word, repeated.
+    steer = {str(gateway.benign_token_id): 100}
+    chat_url = gateway.url + "/v1/chat/completions"
+    page.route(
+        chat_url,
+        lambda route: route.continue_(post_data=json.dumps({**route.request.post_data_json, "logit_bias": steer})),
+    )
+
+    # the page: an answer, thumbs down (sent at once), then a better answer (the same route again)
+    feedback_url = gateway.url + "/v1/feedback"
+    _open(page, gateway, secret)
+    page.fill("#input", QUESTION)
+    page.click("#send")
+    _wait_for_replies(page, 1)
+    reply = page.locator(ASSISTANT).first
+    page_text = reply.locator(".content").text_content()
+    response_id = reply.get_attribute("data-response-id")
+    assert page_text and page_text.strip() and response_id and response_id.startswith("chatcmpl-")
+    with page.expect_response(feedback_url) as down:
+        reply.locator(".rate-down").click()
+    assert down.value.status == 200 and down.value.request.post_data_json == {"response_id": response_id, "rating": -1}
+    page.wait_for_function("el => el.dataset.rating === '-1'", arg=reply.element_handle())
+    assert reply.locator(".rate-down").get_attribute("aria-pressed") == "true"
+    reply.locator(".better-answer").fill(PAGE_BETTER)
+    with page.expect_response(feedback_url) as better:
+        reply.locator(".send-better").click()
+    assert better.value.status == 200
+    assert better.value.request.post_data_json == {
+        "response_id": response_id,
+        "rating": -1,
+        "better_answer": PAGE_BETTER,
+    }
+    assert better.value.json()["better_answer"] is True
+
+    # the API: a stateless question, rated by its completion id; another key may not rate it
+    client = gateway.client(secret)
+    answer = client.chat.completions.create(
+        model=gateway.model,
+        messages=[{"role": "user", "content": API_QUESTION}],
+        temperature=0,
+        max_tokens=16,
+        logit_bias=steer,
+    )
+    api_text = answer.choices[0].message.content
+    assert api_text and api_text.strip()
+    body = {"response_id": answer.id, "rating": -1, "better_answer": API_BETTER, "comment": "wrong sum"}
+    theirs = httpx.post(feedback_url, json=body, headers={"Authorization": f"Bearer {gateway.api_key}"}, timeout=30)
+    assert theirs.status_code == 404 and theirs.json()["error"]["code"] == "response_not_found"
+    mine = httpx.post(feedback_url, json=body, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    assert mine.status_code == 200, mine.text
+
+    # both ratings are on their request-log rows, and counted (the page rated its answer down twice)
+    with ServingStore(db) as store:
+        rows = {r.request_id: r for r in store.request_log() if r.key_id == key.id}
+    assert (rows[response_id].feedback_rating, rows[response_id].feedback_better) == (-1, PAGE_BETTER)
+    assert rows[response_id].conversation_id is not None
+    assert (rows[answer.id].feedback_rating, rows[answer.id].feedback_better) == (-1, API_BETTER)
+    assert (rows[answer.id].feedback_comment, rows[answer.id].context_turns) == ("wrong sum", 1)
+    assert _downs(gateway) == downs_before + 3
+
+    # a curation run on the gateway's home turns them into preference pairs
+    result = export_curated(gateway.config, gateway.home)
+    assert result.preferences.path is not None and result.preferences.added == 2
+    assert result.preferences.path.parent == gateway.home.curated / "preferences"
+    pairs = [json.loads(line) for line in result.preferences.path.read_text(encoding="utf-8").splitlines()]
+    got = {p["messages"][-1]["content"]: (p["chosen"], p["rejected"], p["metadata"]["source"]) for p in pairs}
+    assert got == {
+        QUESTION: (PAGE_BETTER, normalize_text(page_text), "feedback"),
+        API_QUESTION: (API_BETTER, normalize_text(api_text), "feedback"),
+    }
+    assert "feedback: 2 preference pairs (2 new, 0 withdrawn)" in result.summary()
+
+    # the key's opt-in revoked: the next run withdraws them
+    with ServingStore(db) as store:
+        store.set_training_opt_in(key.id, False)
+    after = export_curated(gateway.config, gateway.home)
+    assert (after.preferences.path, after.preferences.withdrawn, after.preference_report.not_opted_in) == (None, 2, 2)
+    assert not list((gateway.home.curated / "preferences").glob("*.jsonl"))

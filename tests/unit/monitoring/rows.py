@@ -27,6 +27,7 @@ class Row:
     post_filter: str | None = None
     refusal: bool | None = False
     finish_reason: str | None = "stop"
+    feedback_rating: int | None = None  # not rated
 
 
 @dataclass(frozen=True)

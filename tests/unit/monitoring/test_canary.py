@@ -151,7 +151,7 @@ def test_verdict_metrics_and_json() -> None:
         metrics
     )
     doc = json.loads(json.dumps(verdict.to_json()))
-    assert doc["outcome"] == "pass" and len(doc["checks"]) == len(verdict.checks) == 9
+    assert doc["outcome"] == "pass" and len(doc["checks"]) == len(verdict.checks) == 10
     assert {c["name"]: c["higher_is_better"] for c in doc["checks"]}["success_rate"] is True
 
 
@@ -203,3 +203,50 @@ def test_shadow_analysis(s: ShadowStats, expected: tuple[str, set[str]]) -> None
     assert (verdict.outcome, set(verdict.failing)) == expected, verdict.summary
     assert verdict.guardrail_failed == ("shadow_error_rate" in expected[1])
     assert isinstance(verdict, Verdict) and verdict.subject == "shadow"
+
+
+# --- user feedback: the thumbs-down rate -----------------------------------------------------------------------
+
+
+def _rated(stats: VersionStats, rated: int, down: int) -> VersionStats:
+    return replace(stats, rated=rated, thumbs_down=down)
+
+
+def _feedback(verdict: Verdict) -> Any:
+    [check] = [c for c in verdict.checks if c.name == "thumbs_down_rate"]
+    return check
+
+
+@pytest.mark.parametrize(
+    ("cand", "base", "outcome", "why"),
+    [
+        pytest.param((200, 80), (1000, 100), "fail", "regression", id="canary-rated-down-far-more"),
+        pytest.param((200, 25), (1000, 100), "pass", "within", id="within-the-tolerance"),
+        pytest.param((29, 29), (1000, 100), "pass", "too little feedback", id="too-little-canary-feedback"),
+        pytest.param((200, 80), (10, 1), "pass", "too little feedback", id="too-little-baseline-feedback"),
+        pytest.param((0, 0), (0, 0), "pass", "too little feedback", id="nobody-rated"),
+    ],
+)
+def test_thumbs_down_rate_fails_only_on_enough_significantly_worse_feedback(
+    cand: tuple[int, int], base: tuple[int, int], outcome: str, why: str
+) -> None:
+    verdict = analyze_canary(_rated(BASE, *base), _rated(window(CANARY, 400, errors=1, seed=2), *cand), POLICY)
+    check = _feedback(verdict)
+    assert (check.outcome, check.higher_is_better) == (outcome, False)
+    assert why in check.reason
+    assert verdict.failing == (("thumbs_down_rate",) if outcome == "fail" else ())
+    if outcome == "fail":
+        assert check.p_value is not None and check.p_value < POLICY.alpha
+        assert verdict.metrics()["canary.thumbs_down_rate"] == pytest.approx(0.4)
+
+
+def test_thumbs_down_rate_waits_for_min_samples_like_the_other_comparisons() -> None:
+    verdict = analyze_canary(_rated(BASE, 1000, 100), _rated(window(CANARY, 50, seed=2), 50, 50), POLICY)
+    assert _feedback(verdict).outcome == "inconclusive"
+
+
+def test_min_feedback_and_tolerance_come_from_the_policy() -> None:
+    strict = RolloutPolicy(min_feedback=10, thresholds=RolloutThresholds(thumbs_down_tolerance=0.0))
+    cand = _rated(window(CANARY, 400, errors=1, seed=2), 20, 8)
+    assert _feedback(analyze_canary(_rated(BASE, 1000, 100), cand, POLICY)).outcome == "pass"
+    assert _feedback(analyze_canary(_rated(BASE, 1000, 100), cand, strict)).outcome == "fail"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -206,20 +207,40 @@ def test_canary_that_cannot_answer_is_rolled_back_at_once_and_quarantined(world:
     assert d.action == "reject" and "quarantined" in d.reason and "challenger" not in reg.aliases
 
 
-def test_canary_with_more_safety_hits_fails_twice_and_is_rolled_back(world: Any) -> None:
+def _safety_hits(log: FakeLog, at: datetime) -> None:
+    log.traffic(at, "chat/1", 60)
+    log.traffic(at, "chat/2", 30, route="canary")
+    log.traffic(at, "chat/2", 30, route="canary", status="content_filter", post_filter="toxicity")
+
+
+def _rated_down(log: FakeLog, at: datetime) -> None:
+    log.traffic(at, "chat/1", 54, feedback_rating=1)
+    log.traffic(at, "chat/1", 6, feedback_rating=-1)
+    log.traffic(at, "chat/2", 30, route="canary", feedback_rating=1)
+    log.traffic(at, "chat/2", 30, route="canary", feedback_rating=-1)  # healthy answers users dislike
+
+
+@pytest.mark.parametrize(
+    ("traffic", "failing"),
+    [
+        pytest.param(_safety_hits, "safety_hit_rate", id="more-safety-hits"),
+        pytest.param(_rated_down, "thumbs_down_rate", id="users-rate-it-down"),
+    ],
+)
+def test_a_regressing_canary_fails_twice_and_is_rolled_back(
+    world: Any, traffic: Callable[[FakeLog, datetime], None], failing: str
+) -> None:
     reg, log, ctl = world
     reg.aliases["challenger"] = "2"
     ctl.tick(T0)
     log.pairs += [Pair(T0 + timedelta(seconds=1), "chat/1", "chat/2") for _ in range(20)]
     ctl.tick(T0 + timedelta(seconds=60))
     for k in (1, 2):
-        at = T0 + timedelta(seconds=60 * k + 1)
-        log.traffic(at, "chat/1", 60)
-        log.traffic(at, "chat/2", 30, route="canary")
-        log.traffic(at, "chat/2", 30, route="canary", status="content_filter", post_filter="toxicity")
+        traffic(log, T0 + timedelta(seconds=60 * k + 1))
         [d] = ctl.tick(T0 + timedelta(seconds=60 * (k + 1)))
         assert d.action == ("hold" if k == 1 else "rollback"), d
-    assert reg.weight == 0 and "safety_hit_rate" in reg.tags["2"]["rollout.failing"]
+    assert reg.weight == 0 and failing in reg.tags["2"]["rollout.failing"].split(",")
+    assert failing in reg.tags["2"]["rollout.reason"]
 
 
 def test_watch_failure_returns_the_champion_alias_to_the_previous_champion(world: Any) -> None:

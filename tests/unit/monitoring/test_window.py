@@ -24,6 +24,17 @@ REROUTED = Row(model_version=CHAMPION, assigned_version=CANARY, route="canary-un
     [
         pytest.param([Row(), Row()], {"n": 2, "answered": 2, "completed": 2, "errors": 0}, id="healthy"),
         pytest.param(
+            [
+                Row(feedback_rating=1),
+                Row(feedback_rating=-1),
+                Row(feedback_rating=-1, status="content_filter", post_filter="toxicity"),
+                Row(),
+                Row(feedback_rating=-1, model_version=CHAMPION, assigned_version=CANARY, route="fallback"),
+            ],
+            {"n": 5, "rated": 3, "thumbs_down": 2, "thumbs_down_rate": pytest.approx(2 / 3)},
+            id="feedback-counts-on-the-answers-the-version-wrote",
+        ),
+        pytest.param(
             [Row(), REROUTED, REROUTED],
             {"n": 3, "errors": 2, "rerouted": 2, "answered": 1, "success_rate": pytest.approx(1 / 3)},
             id="rerouted-to-the-champion-is-an-error-of-the-canary",

@@ -62,3 +62,25 @@ def test_untrained_counts_records_in_files_the_snapshot_lacks(tmp_path: Path) ->
     store.write(jsonl(record("c3", "c"), record("c4", "d"), record("c5", "e")))
     assert store.untrained(snapshot_with(tmp_path, [trained])) == 3
     assert store.untrained(snapshot_with(tmp_path, [])) == 5
+
+
+def pair(chosen: str) -> str:
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    return json.dumps({"messages": messages, "chosen": chosen, "rejected": "5", "metadata": {"source": "feedback"}})
+
+
+def test_preferences_are_one_content_named_file_replaced_by_each_export(tmp_path: Path) -> None:
+    store = CuratedStore(tmp_path / "curated")
+    assert store.preference_sources() == []
+    first = store.replace_preferences(jsonl(pair("4"), pair("four")))
+    assert (first.added, first.withdrawn) == (2, 0)
+    assert first.path is not None and first.path.parent == store.preferences
+    assert store.preference_sources() == [first.path]
+    same = store.replace_preferences(jsonl(pair("4"), pair("four")))
+    assert (same.path, same.added, same.withdrawn) == (first.path, 0, 0)
+    fewer = store.replace_preferences(jsonl(pair("4"), pair("Four.")))  # one withdrawn, one new
+    assert (fewer.added, fewer.withdrawn) == (1, 1) and store.preference_sources() == [fewer.path]
+    assert fewer.path is not None and fewer.path.read_text(encoding="utf-8") == jsonl(pair("4"), pair("Four."))
+    none = store.replace_preferences("")
+    assert (none.path, none.added, none.withdrawn) == (None, 0, 2) and store.preference_sources() == []
+    assert store.sources() == []  # pairs are no chat-record source of the SFT snapshot

@@ -1,0 +1,34 @@
+"""``lifecycle rollout status`` on a fake registry and request log: the window of each version shows its users'
+feedback next to the other rates (rated answers, thumbs-down rate; '-' where nobody rated)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from unit.monitoring.test_controller import NAME, POLICY, FakeDeployments, FakeLog
+
+from core.home import Home
+from flows.commands.render import status_lines
+from flows.config import LifecycleConfig
+from flows.rollout import rollout_status
+from monitoring.controller import RolloutController
+
+
+def test_the_status_window_shows_rated_answers_and_the_thumbs_down_rate(tmp_path: Path) -> None:
+    reg = FakeDeployments()
+    reg.add("1")
+    reg.aliases["champion"] = "1"
+    log = FakeLog()
+    ctl = RolloutController(reg, log, POLICY, NAME, actor="test", decisions_path=tmp_path / "decisions.jsonl")
+    now = datetime.now(UTC)  # without a rollout the window is the last interval before now
+    log.traffic(now - timedelta(seconds=10), "chat/1", 3, feedback_rating=-1)
+    log.traffic(now - timedelta(seconds=10), "chat/1", 1, feedback_rating=1)
+    log.traffic(now - timedelta(seconds=10), "chat/1", 6)
+    status = rollout_status(LifecycleConfig(), Home(tmp_path / "home"), ctl)
+    window = status.window["chat/1"]
+    assert (window["requests"], window["rated"], window["thumbs_down_rate"]) == (10, 4, 0.75)
+    lines = status_lines(status)
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("window"))
+    header, row = lines[at].split(), lines[at + 1].split()
+    assert header[-2:] == ["rated", "thumbs_down_rate"] and row[-2:] == ["4", "0.750"]

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import killed_after_first_checkpoint
+from helpers import engine_overrides, killed_after_first_checkpoint
 from safetensors.torch import load_file
 
 from core.home import Home
@@ -26,7 +26,7 @@ from training.snapshot import load_snapshot
 
 @pytest.fixture(scope="module")
 def cfg() -> LifecycleConfig:
-    return load_config(CONFIG_DIR / "tiny.yaml", ["preference.enabled=true"])
+    return load_config(CONFIG_DIR / "tiny.yaml", [*engine_overrides(), "preference.enabled=true"])
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +111,25 @@ def test_a_killed_dpo_run_resumes_to_the_same_weights(trained, registry, home, t
     assert resumed.report["resumed_from_step"] == 4 and resumed.report["objective"] == "dpo"
     assert resumed.equivalence["passed"]
     assert resumed.weights_hash == aligned.lineage["weights_hash"]
+
+
+# slow: three tiny models through every suite (~3 min); the default run holds the references' mechanism in the
+# e2e newcomer test (base_model), and this module's lineage test the sft_parent tag it follows
+@pytest.mark.slow
+def test_the_gate_report_shows_the_aligned_version_against_its_sft_parent_on_the_same_items(  # type: ignore[no-untyped-def]
+    trained, cfg, home
+) -> None:
+    from flows.gating import gate_stage
+
+    outcome = gate_stage(cfg, home, f"{trained.model}/{trained.version}", actor="test")
+    refs = {r.tag: r for r in outcome.references}
+    assert set(refs) == {"base_model", "sft_parent"} and refs["sft_parent"].ref == trained.sft_parent
+    parent = refs["sft_parent"]
+    assert parent.report.eval_sets == outcome.report.eval_sets  # the same held-out items
+    rows = {row.metric: row for row in parent.rows}
+    assert rows["over_refusal/compliance_rate"].n_paired == len(
+        outcome.report.metrics()["over_refusal/compliance_rate"].items
+    )
+    assert f"## Against sft_parent {trained.sft_parent}" in outcome.markdown
+    gate_json = json.loads(outcome.files["decision"].read_text())
+    assert [r["tag"] for r in gate_json["references"]] == ["base_model", "sft_parent"]

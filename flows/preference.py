@@ -24,6 +24,7 @@ from flows.gating import eval_sets_stage
 from flows.stages import model_folder, open_registry, register_result
 from registry.lineage import Lineage
 from registry.store import ModelVersion
+from training.config import SFT_PARENT
 from training.finetune import DpoSpec, TrainResult, finetune, resolve_deepspeed_config, train_key
 from training.modelio import ModelFolder, inspect_model_folder, merge_adapter
 from training.preference import CURATED_FOLDER
@@ -31,8 +32,6 @@ from training.snapshot import PAIRS, Snapshot, build_snapshot
 from training.synth import write_jsonl
 from training.synth_pairs import generate_pairs
 from training.tokenizer import tokenizer_hashes
-
-SFT_PARENT = "sft_parent"  # preference.reference: the SFT version being tuned
 
 
 def feedback_files(home: Home) -> list[Path]:
@@ -133,7 +132,7 @@ def register_preference_stage(
     existing = reg.find(cfg.registry.model_name, lineage_train_key=key)
     if existing:
         return existing[0]
-    ds_path, ds = resolve_deepspeed_config(cfg.preference.train)
+    ds_path, ds = resolve_deepspeed_config(cfg.preference.train, "preference.train")
     sft, pairs = job.sft, job.pairs
     parent = sft.lineage
     lineage = Lineage(

@@ -21,6 +21,7 @@ from registry.store import REF_PATTERN, MlflowRegistry, ModelVersion
 from serving.runtime import ServeSpec, database_url
 from serving.store import ServingStore
 from training.bootstrap import bootstrap
+from training.config import SFT_PARENT
 from training.dataset import make_snapshot
 from training.finetune import TrainResult, finetune, resolve_deepspeed_config, train_key
 from training.modelio import ModelFolder, inspect_model_folder
@@ -56,6 +57,10 @@ def preflight(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None)
     resolve_deepspeed_config(cfg.finetune)
     if cfg.base_model:
         _base_folder(cfg, home)
+    if cfg.preference.enabled:
+        resolve_deepspeed_config(cfg.preference.train, "preference.train")
+        if cfg.preference.reference != SFT_PARENT:
+            model_folder(cfg, home, cfg.preference.reference)
     if snapshot_ref:
         load_snapshot(home.snapshots, snapshot_ref)
     elif cfg.data.sources:

@@ -259,6 +259,9 @@ def _preference_train_defaults() -> FinetuneConfig:
     return FinetuneConfig(max_steps=150, learning_rate=1e-4, group_by_length=False)
 
 
+SFT_PARENT = "sft_parent"  # preference.reference: the SFT version being tuned (standard DPO)
+
+
 class PreferenceConfig(StrictModel):
     """The preference stage after SFT: DPO (the sigmoid loss of Rafailov et al. 2023) on preference pairs, run by
     the same DeepSpeed worker, launcher, checkpoints and export check as the SFT stage."""
@@ -274,7 +277,7 @@ class PreferenceConfig(StrictModel):
         "model's likelihood of the preferred replies from falling while their margin grows.",
     )
     reference: str = Field(
-        "sft_parent",
+        SFT_PARENT,
         description="The frozen reference model: sft_parent (the SFT version being tuned, standard DPO), a local "
         "Hugging Face folder, or a registered version (chat/3). Its log-probabilities of every pair are computed "
         "once per run before training and stored in the run folder (reference_logps.pt), so the reference is never "

@@ -78,25 +78,27 @@ class TrainResult:
         return [last[s] for s in sorted(last)]
 
 
-def resolve_deepspeed_config(cfg: FinetuneConfig) -> tuple[Path, dict[str, Any]]:
+def resolve_deepspeed_config(cfg: FinetuneConfig, section: str = "finetune") -> tuple[Path, dict[str, Any]]:
+    """The DeepSpeed config the run uses, with the values we own filled in; errors name ``section`` (the config
+    key of ``cfg``: finetune, or preference.train)."""
     path = Path(cfg.deepspeed_config)
     path = path if path.is_absolute() else REPO / path
     if not path.is_file():
-        raise ConfigError(f"config: finetune.deepspeed_config = {cfg.deepspeed_config!r}: file not found ({path})")
+        raise ConfigError(f"config: {section}.deepspeed_config = {cfg.deepspeed_config!r}: file not found ({path})")
     try:
         ds = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(
-            f"config: finetune.deepspeed_config: {path} is not valid JSON ({exc.msg}, line {exc.lineno})"
+            f"config: {section}.deepspeed_config: {path} is not valid JSON ({exc.msg}, line {exc.lineno})"
         ) from None
     if not isinstance(ds, dict):
-        raise ConfigError(f"config: finetune.deepspeed_config: {path} must hold a JSON object")
+        raise ConfigError(f"config: {section}.deepspeed_config: {path} must hold a JSON object")
     zero = ds.get("zero_optimization", {})
     stage = zero.get("stage", 0) if isinstance(zero, dict) else None
     if stage not in (0, 1, 2, 3):
-        raise ConfigError(f"config: finetune.deepspeed_config: zero_optimization.stage must be 0-3, got {stage!r}")
+        raise ConfigError(f"config: {section}.deepspeed_config: zero_optimization.stage must be 0-3, got {stage!r}")
     if cfg.bf16 and stage == 0:
-        raise ConfigError("config: finetune.bf16 needs ZeRO stage 1-3 (stage 0 keeps bf16 gradients)")
+        raise ConfigError(f"config: {section}.bf16 needs ZeRO stage 1-3 (stage 0 keeps bf16 gradients)")
     ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = cfg.grad_accum_steps
     ds["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum_steps * cfg.distributed.world_size

@@ -133,3 +133,25 @@ def test_the_gate_report_shows_the_aligned_version_against_its_sft_parent_on_the
     assert f"## Against sft_parent {trained.sft_parent}" in outcome.markdown
     gate_json = json.loads(outcome.files["decision"].read_text())
     assert [r["tag"] for r in gate_json["references"]] == ["base_model", "sft_parent"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("preference.reference={missing}", "model folder not found"),
+        ("preference.train.deepspeed_config=infra/deepspeed/nope.json", "preference.train.deepspeed_config"),
+        ("preference.train.method=lora", "preference.train.method must be full"),
+    ],
+)
+def test_bad_preference_inputs_end_with_one_line_before_anything_trains(
+    override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows import cli
+
+    home = tmp_path / "home"
+    item = override.format(missing=tmp_path / "missing")
+    args = ["train", "--config", str(CONFIG_DIR / "tiny.yaml"), "--home", str(home)]
+    rc = cli.main([*args, "--set", "preference.enabled=true", "--set", item])
+    err = capsys.readouterr().err
+    assert rc in (1, 2) and message in err and err.count("\n") == 1
+    assert not (home / "snapshots").exists()  # stopped before the first stage

@@ -3,6 +3,7 @@
 $LIFECYCLE_HOME/
   data/generated/<hash>/    generator output (JSONL), one folder per generator config
   snapshots/<sha256>/       immutable, content-addressed data snapshots (manifest.json + split JSONL)
+  preference-snapshots/<sha256>/  the same for preference pairs (the preference stage's data)
   models/base/<hash>/       bootstrapped base models (Hugging Face folders)
   models/runs/<hash>/       fine-tune outputs and checkpoints
   evals/sets/<hash>/        content-addressed eval sets (JSONL per suite, manifest, materialized lm-eval tasks)
@@ -45,6 +46,10 @@ class Home:
     @property
     def snapshots(self) -> Path:
         return self.root / "snapshots"
+
+    @property
+    def preference_snapshots(self) -> Path:
+        return self.root / "preference-snapshots"
 
     @property
     def base_models(self) -> Path:

@@ -54,6 +54,16 @@ class EvalSets:
     def tasks_dir(self) -> Path:
         return self.path / "tasks"
 
+    def prompts(self) -> set[str]:
+        """Every prompt of every set (``loose_text``): what training data must not hold (the preference stage's
+        pair snapshots are checked against it)."""
+        return {
+            loose_text(row["prompt"])
+            for name in self.manifest["files"]
+            for row in self.rows(name)
+            if isinstance(row.get("prompt"), str)
+        }
+
 
 def _seen_prompts(snapshot: Snapshot) -> set[str]:
     return {

@@ -7,7 +7,7 @@ contract: ``[tool.importlinter]`` in pyproject.toml, run by ``make lint``; drawn
     loop | schedule                      lifecycle-run (the whole loop); the four scheduled deployments
     retrain                              the retrain flow (one, with its ending as a parameter) and retrain-check
     train | evaluate | rollout | monitor the single flows (Prefect tasks and flows over the adapters)
-    signals                              drift report and retrain decision (monitoring stage adapters)
+    signals | preference                 drift report and retrain decision; the preference stage (pairs, DPO)
     curation | gating | traffic          curated conversations, eval and gate adapters, simulated users
     stages                               training and registry adapters, serve_spec / open_serving_store
     summaries                            the typed results flows return and commands print

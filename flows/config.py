@@ -18,7 +18,7 @@ from flows.runconfig import RunConfig, ScheduleConfig
 from monitoring.config import MonitoringConfig, RolloutPolicy
 from registry.config import RegistryConfig
 from serving.config import ServingConfig
-from training.config import BootstrapConfig, DataConfig, FinetuneConfig, SnapshotConfig
+from training.config import BootstrapConfig, DataConfig, FinetuneConfig, PreferenceConfig, SnapshotConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -38,6 +38,9 @@ class LifecycleConfig(StrictModel):
     )
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="Offline base-model bootstrap.")
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="DeepSpeed fine-tuning.")
+    preference: PreferenceConfig = Field(
+        default_factory=PreferenceConfig, description="The preference stage after SFT (DPO on preference pairs)."
+    )
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow tracking and registry.")
     evals: EvalConfig = Field(default_factory=EvalConfig, description="Eval suites and the promotion gate.")
     serving: ServingConfig = Field(

@@ -6,9 +6,10 @@
     lifecycle run                      # the loop: its drift check may trigger a retrain ending in a simulated rollout
 
 A triggered retrain builds a snapshot with the curated conversations and takes the same path as any version:
-train -> evaluate and gate; a version that fails its gate stops there. One that passes ends as the caller says
-(``RetrainEnding``): under simulated users (``lifecycle run``), or as the challenger the rollout controller takes on
-real users (the nightly check, ``lifecycle retrain``).
+train (with ``preference.enabled``, DPO on pairs that include the curated feedback pairs once there are
+``preference.feedback_min_pairs`` of them) -> evaluate and gate; a version that fails its gate stops there. One
+that passes ends as the caller says (``RetrainEnding``): under simulated users (``lifecycle run``), or as the
+challenger the rollout controller takes on real users (the nightly check, ``lifecycle retrain``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def retrain_flow(
     logger = get_run_logger()
     snap = retrain_snapshot(cfg, home)
     logger.info("retrain on snapshot %s (%s)", snap.short, "; ".join(reasons))
-    trained = train_flow(cfg, home, snapshot_ref=snap.hash)
+    trained = train_flow(cfg, home, snapshot_ref=snap.hash, feedback=True)  # feedback pairs, when enough
     tag_retrained(cfg, home, trained.version, reasons)
     gated = evaluate_flow(cfg, home, f"{trained.model}/{trained.version}")
     rolled = None

@@ -21,6 +21,7 @@ from registry.store import REF_PATTERN, MlflowRegistry, ModelVersion
 from serving.runtime import ServeSpec, database_url
 from serving.store import ServingStore
 from training.bootstrap import bootstrap
+from training.config import SFT_PARENT
 from training.dataset import make_snapshot
 from training.finetune import TrainResult, finetune, resolve_deepspeed_config, train_key
 from training.modelio import ModelFolder, inspect_model_folder
@@ -56,6 +57,10 @@ def preflight(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None)
     resolve_deepspeed_config(cfg.finetune)
     if cfg.base_model:
         _base_folder(cfg, home)
+    if cfg.preference.enabled:
+        resolve_deepspeed_config(cfg.preference.train, "preference.train")
+        if cfg.preference.reference != SFT_PARENT:
+            model_folder(cfg, home, cfg.preference.reference)
     if snapshot_ref:
         load_snapshot(home.snapshots, snapshot_ref)
     elif cfg.data.sources:
@@ -73,13 +78,18 @@ def _is_registry_ref(value: str) -> bool:
     return not Path(value).expanduser().exists() and REF_PATTERN.match(value.strip()) is not None
 
 
+def model_folder(cfg: LifecycleConfig, home: Home, value: str) -> ModelFolder:
+    """A model named in the config: a local folder, or a registered version (``chat-base/1``, ``chat@champion``)
+    downloaded once into the home cache."""
+    if _is_registry_ref(value):
+        return inspect_model_folder(open_registry(cfg, home).resolve(value))
+    return inspect_model_folder(Path(value).expanduser().resolve())
+
+
 def _base_folder(cfg: LifecycleConfig, home: Home) -> ModelFolder:
-    """``base_model`` as a local folder, or as a registered version (``chat-base/1``, ``chat-base@prod``)
-    downloaded once into the home cache: retraining on a new snapshot then keeps the same base."""
+    """``base_model`` as a folder or a registered version: retraining on a new snapshot then keeps the same base."""
     assert cfg.base_model
-    if _is_registry_ref(cfg.base_model):
-        return inspect_model_folder(open_registry(cfg, home).resolve(cfg.base_model))
-    return inspect_model_folder(Path(cfg.base_model).expanduser().resolve())
+    return model_folder(cfg, home, cfg.base_model)
 
 
 def base_model_stage(
@@ -159,14 +169,31 @@ def register_stage(
         method=result.method,
         train_key=key,
     )
+    reason = f"fine-tuned ({result.method}) on snapshot {snapshot.short}; awaiting the eval gate"
+    return register_result(cfg, home, lineage, result, snapshot, ds, reason=reason)
+
+
+def register_result(
+    cfg: LifecycleConfig,
+    home: Home,
+    lineage: Lineage,
+    result: TrainResult,
+    data: Snapshot,
+    ds: dict[str, object],
+    *,
+    reason: str,
+) -> ModelVersion:
+    """Log a training run (SFT or preference) with its config, curves and artifacts, register its version with
+    ``lineage`` and point ``candidate`` at it."""
+    reg = open_registry(cfg, home)
     run_dir = result.run_dir
     (run_dir / "config.yaml").write_text(dump_yaml(cfg), encoding="utf-8")
     (run_dir / "deepspeed.json").write_text(json.dumps(ds, indent=2) + "\n", encoding="utf-8")
-    metrics = result.metrics
     summary = {
-        "metrics.val_loss": f"{metrics['val_loss']:.4f}",
-        "metrics.val_loss_initial": f"{metrics['val_loss_initial']:.4f}",
-        "metrics.tokens_per_s": f"{metrics['tokens_per_s']:.0f}",
+        f"metrics.{k}": f"{v:.4f}" for k, v in result.metrics.items() if k.startswith("val_") and isinstance(v, float)
+    }
+    summary |= {
+        "metrics.tokens_per_s": f"{result.metrics['tokens_per_s']:.0f}",
         "check.max_abs_logit_diff": f"{result.equivalence['max_abs_logit_diff']:.3g}",
         "check.atol": str(result.equivalence["atol"]),
     }
@@ -179,17 +206,11 @@ def register_stage(
         artifacts={
             "config": run_dir / "config.yaml",
             "deepspeed": run_dir / "deepspeed.json",
-            "snapshot": snapshot.path / "manifest.json",
+            "snapshot": data.path / "manifest.json",
             "training": run_dir / "train_result.json",
             "logs": run_dir / "logs",
         },
         summary=summary,
     )
-    reg.set_alias(
-        version.name,
-        CANDIDATE,
-        version.version,
-        actor=f"flow-run:{flow_run_id}",
-        reason=f"fine-tuned ({result.method}) on snapshot {snapshot.short}; awaiting the eval gate",
-    )
+    reg.set_alias(version.name, CANDIDATE, version.version, actor=f"flow-run:{lineage.flow_run_id}", reason=reason)
     return reg.get(version.name, version.version)

@@ -41,6 +41,9 @@ class TrainSummary:
     lineage: dict[str, str]
     metrics: dict[str, Any]
     seconds: dict[str, float] = field(default_factory=dict)
+    # with the preference stage: model/version/lineage/metrics are the aligned version's, these its SFT parent's
+    sft_parent: str | None = None
+    sft_metrics: dict[str, Any] | None = None
 
 
 @dataclass

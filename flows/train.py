@@ -1,11 +1,15 @@
-"""The ``train`` flow: snapshot -> base model -> fine-tune -> register (``lifecycle train``, and the loop's first step).
+"""The ``train`` flow: snapshot -> base model -> fine-tune -> register, then with ``preference.enabled`` pair
+snapshot -> DPO -> register the aligned version (``lifecycle train``, and the loop's first step).
 
     lifecycle train --config configs/tiny.yaml
+    lifecycle train --set preference.enabled=true     # SFT, then the preference stage on top
 
 Tasks are thin wrappers over ``flows/stages.py``. The fine-tune task is cached on its inputs (the train key:
 snapshot, base weights, fine-tune and DeepSpeed config), so the same inputs return the finished run instead of
 training again; it retries once after a crash and resumes from its last checkpoint. Registration happens only
-after the export passed its equivalence check, so a failed or killed run leaves no registered version.
+after the export passed its equivalence check, so a failed or killed run leaves no registered version. The
+preference stage works the same way (``flows/preference.py``); its version, not the SFT parent, is the flow's
+result and holds the ``candidate`` alias.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from prefect.runtime import flow_run
 
 from core.hashing import sha256_text
 from core.home import Home
-from flows import stages
+from flows import preference, stages
 from flows.config import LifecycleConfig
 from flows.summaries import TrainSummary
 from registry.store import ModelVersion
@@ -89,8 +93,68 @@ def register_task(
     return version
 
 
+@task(name="pair-snapshot")
+def pair_snapshot_task(cfg: LifecycleConfig, home: Home, chat_snapshot: str, feedback: bool) -> Snapshot:
+    pairs = preference.pair_snapshot_stage(cfg, home, chat_snapshot, feedback=feedback)
+    get_run_logger().info(
+        "pair snapshot %s: %s (feedback: %s)",
+        pairs.short,
+        pairs.manifest["counts"],
+        pairs.manifest["provenance"]["feedback"],
+    )
+    return pairs
+
+
+def _dpo_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    runs = sha256_text(str(parameters["home"].runs))[:12]
+    return f"dpo-{parameters['job'].key(parameters['cfg'])}-{runs}"
+
+
+@task(name="dpo", cache_key_fn=_dpo_cache_key, persist_result=True, retries=1, retry_delay_seconds=5)
+def dpo_task(cfg: LifecycleConfig, home: Home, job: preference.PreferenceJob) -> TrainResult:
+    logger = get_run_logger()
+    if step := resumable_step(job.run_dir(cfg, home)):
+        logger.info("resumed the preference stage from its checkpoint at step %d", step)
+    result = preference.preference_stage(cfg, home, job)
+    m = result.metrics
+    logger.info(
+        "preference-tuned (dpo, beta %g): val loss %.3f -> %.3f, reward accuracy %.2f -> %.2f",
+        job.spec.beta,
+        m["val_loss_initial"],
+        m["val_loss"],
+        m["val_reward_accuracy_initial"],
+        m["val_reward_accuracy"],
+    )
+    return result
+
+
+@task(name="register-aligned")
+def register_aligned_task(
+    cfg: LifecycleConfig, home: Home, job: preference.PreferenceJob, result: TrainResult, flow_run_id: str
+) -> ModelVersion:
+    version = preference.register_preference_stage(cfg, home, job, result, flow_run_id=flow_run_id)
+    get_run_logger().info("registered the aligned %s (SFT parent %s)", version.ref, job.sft.ref)
+    return version
+
+
+def _preference(
+    cfg: LifecycleConfig, home: Home, sft: ModelVersion, run_id: str, feedback: bool, seconds: dict[str, float]
+) -> tuple[ModelVersion, TrainResult]:
+    t = time.perf_counter()
+    pairs = pair_snapshot_task(cfg, home, sft.lineage["snapshot"], feedback)
+    job = preference.preference_job(cfg, home, sft, pairs)
+    result = dpo_task(cfg, home, job)
+    version = register_aligned_task(cfg, home, job, result, run_id)
+    seconds["preference"] = time.perf_counter() - t
+    return version, result
+
+
 @flow(name="train")
-def train_flow(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None) -> TrainSummary:
+def train_flow(
+    cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None, feedback: bool = False
+) -> TrainSummary:
+    """SFT (and with ``preference.enabled`` the preference stage); ``feedback``: the pair snapshot may take the
+    curated feedback pairs (a retrain)."""
     run_id = str(flow_run.get_id())
     seconds: dict[str, float] = {}
     t = time.perf_counter()
@@ -103,6 +167,10 @@ def train_flow(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None
     seconds["finetune"], t = time.perf_counter() - t, time.perf_counter()
     version = register_task(cfg, home, snap, base, base_version, result, run_id)
     seconds["register"] = time.perf_counter() - t
+    sft_metrics = sft_parent = None
+    if cfg.preference.enabled:
+        sft_parent, sft_metrics = version.ref, dict(result.metrics)
+        version, result = _preference(cfg, home, version, run_id, feedback, seconds)
     summary = TrainSummary(
         flow_run_id=run_id,
         snapshot=snap.hash,
@@ -115,6 +183,8 @@ def train_flow(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None
         lineage=version.lineage,
         metrics=dict(result.metrics),
         seconds=seconds,
+        sft_parent=sft_parent,
+        sft_metrics=sft_metrics,
     )
     create_markdown_artifact(key="train-summary", markdown=_markdown(summary), description="Fine-tune result")
     return summary

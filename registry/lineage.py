@@ -8,7 +8,7 @@ same result twice returns the existing version.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,22 @@ class Lineage:
     flow_run_id: str
     method: str
     train_key: str
+    # a preference-tuned version only: the SFT version it started from, its pair snapshot, the frozen reference
+    # model (a registered version or a folder) and that model's weights; ``snapshot`` stays its SFT parent's chat
+    # snapshot (the data its eval sets are held out from), so both are gated on the same items
+    objective: str = "sft"
+    sft_parent: str | None = None
+    preference_snapshot: str | None = None
+    reference_model: str | None = None
+    reference_weights_hash: str | None = None
 
     def tags(self) -> dict[str, str]:
-        return {f"lineage.{k}": str(v) for k, v in asdict(self).items()}
+        return {f"lineage.{k}": str(v) for k, v in asdict(self).items() if v is not None}
 
 
-LINEAGE_TAGS = tuple(f"lineage.{name}" for name in Lineage.__dataclass_fields__)
+# the tags every fine-tuned version carries; a preference-tuned one carries PREFERENCE_TAGS too
+LINEAGE_TAGS = tuple(f"lineage.{f.name}" for f in fields(Lineage) if f.default is not None)
+PREFERENCE_TAGS = tuple(f"lineage.{f.name}" for f in fields(Lineage) if f.default is None)
 
 
 def register_base_model(
@@ -96,17 +106,19 @@ def register(
     artifacts: dict[str, Path],
     summary: dict[str, str],
 ) -> ModelVersion:
-    """One MLflow run for the training (config params, loss curves, artifacts) and its registered version."""
+    """One MLflow run for the training (config params, loss curves, artifacts) and its registered version (the
+    run's stage is the objective: finetune for SFT, preference for DPO)."""
     name = reg.cfg.model_name
     existing = reg.find(name, lineage_train_key=lineage.train_key)
     if existing:
         return existing[0]
+    stage = "finetune" if lineage.objective == "sft" else "preference"
     run_id = reg.log_run(
-        run_name=f"finetune-{lineage.train_key}",
+        run_name=f"{stage}-{lineage.train_key}",
         params=config,
         metrics=curve,
         artifacts={"model": export_dir, **artifacts},
-        tags={"lifecycle.stage": "finetune", **lineage.tags()},
+        tags={"lifecycle.stage": stage, **lineage.tags()},
     )
     return reg.register(
         name, run_id, "model", {**lineage.tags(), **summary}, description="Chat models fine-tuned by chat-lifecycle."

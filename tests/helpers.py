@@ -37,23 +37,31 @@ def chat(user: str, assistant: str, system: str | None = None, **metadata: Any) 
     return {"messages": messages, **({"metadata": metadata} if metadata else {})}
 
 
-def finetune_in_subprocess(cfg_json: str, snapshot_root: str, snapshot_hash: str, base: str, run_dir: str) -> None:
-    """Entry point for tests that kill a fine-tune mid-way: ``python -c "import helpers; helpers...(...)"``."""
+def finetune_in_subprocess(
+    cfg_json: str, snapshot_root: str, snapshot_hash: str, base: str, run_dir: str, dpo: str | None = None
+) -> None:
+    """Entry point for tests that kill a fine-tune mid-way: ``python -c "import helpers; helpers...(...)"``;
+    ``dpo``: the preference stage's objective as JSON (beta, sft_weight, reference folder)."""
     from pathlib import Path
 
     from core import runtime
     from core.home import Home
     from training.config import FinetuneConfig
-    from training.finetune import finetune
+    from training.finetune import DpoSpec, finetune
     from training.modelio import inspect_model_folder
     from training.snapshot import load_snapshot
 
     runtime.configure(Home.resolve())
+    spec = None
+    if dpo is not None:
+        d = json.loads(dpo)
+        spec = DpoSpec(d["beta"], d["sft_weight"], inspect_model_folder(Path(d["reference"])))
     finetune(
         FinetuneConfig.model_validate_json(cfg_json),
         load_snapshot(Path(snapshot_root), snapshot_hash),
         inspect_model_folder(Path(base)),
         Path(run_dir),
+        spec,
     )
 
 
@@ -125,3 +133,33 @@ def register_serving_versions(cfg: Any, home: Any, base: Path, work: Path) -> di
             reg.set_alias(mv.name, alias, mv.version, reason="serving test fixture", actor="tests")
         versions[alias] = mv
     return versions
+
+
+def killed_after_first_checkpoint(call: str, run_dir: Path) -> None:
+    """Run ``helpers.<call>`` (a fine-tune) in a subprocess, paused once it committed its first checkpoint
+    (tests/hooks), and SIGKILL its whole process group there, as a crash or an OOM kill would."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cli_helpers import paused_after_first_checkpoint
+
+    repo = Path(__file__).resolve().parent.parent
+    env = paused_after_first_checkpoint({**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "tests"), str(repo)])})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import helpers; helpers.{call}"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    latest = run_dir / "checkpoints" / "latest"
+    try:
+        while not latest.is_file():
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (run_dir / "train_result.json").exists()  # it really died mid-way

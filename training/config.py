@@ -220,3 +220,85 @@ class FinetuneConfig(StrictModel):
     equivalence_atol: float = Field(
         1e-4, gt=0, description="Largest logit difference allowed between the training model and its export."
     )
+
+
+PairKind = Literal["refusal", "borderline", "provocation", "arithmetic", "unit_conversion", "facts"]
+DEFAULT_PAIR_COUNTS: dict[PairKind, int] = {
+    "refusal": 120,
+    "borderline": 240,
+    "provocation": 20,
+    "arithmetic": 200,
+    "unit_conversion": 60,
+    "facts": 60,
+}
+
+
+class PairDataConfig(StrictModel):
+    seed: int = Field(1234, description="Seed of the pair generator's draws (its own stream, 'preference').")
+    counts: dict[PairKind, int] = Field(
+        default_factory=lambda: dict(DEFAULT_PAIR_COUNTS),
+        description="Generated pairs per kind: refusal (harmful request: refusal over compliance), borderline "
+        "(benign but risky: helpful answer over refusal), provocation (calm reply over insult), arithmetic, "
+        "unit_conversion, facts (the right answer over a near miss). Capped by the prompts left once the eval "
+        "sets' prompts are excluded.",
+    )
+    on_invalid: Literal["fail", "drop"] = Field(
+        "drop",
+        description="Pairs that break a contract (production feedback whose prompt is in an eval set, a pair "
+        "whose replies are the same): drop and count them in the snapshot manifest, or fail the build.",
+    )
+
+    @model_validator(mode="after")
+    def _counts_non_negative(self) -> PairDataConfig:
+        if any(v < 0 for v in self.counts.values()):
+            raise ValueError("counts must be >= 0")
+        return self
+
+
+def _preference_train_defaults() -> FinetuneConfig:
+    return FinetuneConfig(max_steps=150, learning_rate=1e-4, group_by_length=False)
+
+
+SFT_PARENT = "sft_parent"  # preference.reference: the SFT version being tuned (standard DPO)
+
+
+class PreferenceConfig(StrictModel):
+    """The preference stage after SFT: DPO (the sigmoid loss of Rafailov et al. 2023) on preference pairs, run by
+    the same DeepSpeed worker, launcher, checkpoints and export check as the SFT stage."""
+
+    enabled: bool = Field(False, description="Preference-tune every SFT version (lifecycle run, train, retrain).")
+    beta: float = Field(
+        0.1, gt=0, description="DPO's beta: how far from the reference the policy may move (higher: closer)."
+    )
+    sft_weight: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of an added NLL loss on the chosen replies (per token; 0: plain DPO). Keeps a small "
+        "model's likelihood of the preferred replies from falling while their margin grows.",
+    )
+    reference: str = Field(
+        SFT_PARENT,
+        description="The frozen reference model: sft_parent (the SFT version being tuned, standard DPO), a local "
+        "Hugging Face folder, or a registered version (chat/3). Its log-probabilities of every pair are computed "
+        "once per run before training and stored in the run folder (reference_logps.pt), so the reference is never "
+        "held in memory beside the policy and a resumed run uses the same values.",
+    )
+    data: PairDataConfig = Field(default_factory=PairDataConfig, description="The generated preference pairs.")
+    feedback_min_pairs: int = Field(
+        50,
+        ge=1,
+        description="Curated feedback pairs ($LIFECYCLE_HOME/data/curated/preferences) a retrain needs before it "
+        "adds them to the generated pairs; fewer are left for a later retrain.",
+    )
+    train: FinetuneConfig = Field(
+        default_factory=_preference_train_defaults,
+        description="Optimization of the preference stage (the fine-tune settings; method full, no packing).",
+    )
+
+    @model_validator(mode="after")
+    def _trainable(self) -> PreferenceConfig:
+        if self.train.method != "full":
+            raise ValueError("preference.train.method must be full (an adapter's base would be the SFT parent)")
+        if self.train.packing:
+            raise ValueError("preference.train.packing must be false (each pair's replies are scored whole)")
+        return self

@@ -6,8 +6,12 @@ with run-dependent values filled in), starts ``world_size`` ranks of ``training/
 ``OMP_NUM_THREADS`` (launchers do not set it); on CPU the ranks use gloo, on GPUs NCCL.
 
 The run folder is the unit of resumption: rerunning with the same ``run_dir`` continues from its newest
-checkpoint. ``train_key`` names it from everything that determines the weights (snapshot, base weights, config),
-so the flow can tell a finished run from a new one.
+checkpoint. ``train_key`` names it from everything that determines the weights (snapshot, base weights, config,
+and for the preference stage its objective: beta, the NLL weight and the reference's weights), so the flow can
+tell a finished run from a new one.
+
+The preference stage is the same call with a :class:`DpoSpec`: ``snapshot`` is then a pair snapshot, ``base``
+the SFT model it starts from, and the ranks optimize DPO (``training/objectives.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,26 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
+class DpoSpec:
+    """The preference stage's objective: DPO with ``beta`` (and ``sft_weight``) against the frozen ``reference``."""
+
+    beta: float
+    sft_weight: float
+    reference: ModelFolder
+
+    def job(self) -> dict[str, Any]:
+        return {
+            "kind": "dpo",
+            "beta": self.beta,
+            "sft_weight": self.sft_weight,
+            "reference_model": str(self.reference.path),
+        }
+
+    def key(self) -> dict[str, Any]:
+        return {"kind": "dpo", "beta": self.beta, "sft_weight": self.sft_weight, "reference": self.reference.identity}
+
+
+@dataclass(frozen=True)
 class TrainResult:
     run_dir: Path
     export_dir: Path
@@ -54,25 +78,27 @@ class TrainResult:
         return [last[s] for s in sorted(last)]
 
 
-def resolve_deepspeed_config(cfg: FinetuneConfig) -> tuple[Path, dict[str, Any]]:
+def resolve_deepspeed_config(cfg: FinetuneConfig, section: str = "finetune") -> tuple[Path, dict[str, Any]]:
+    """The DeepSpeed config the run uses, with the values we own filled in; errors name ``section`` (the config
+    key of ``cfg``: finetune, or preference.train)."""
     path = Path(cfg.deepspeed_config)
     path = path if path.is_absolute() else REPO / path
     if not path.is_file():
-        raise ConfigError(f"config: finetune.deepspeed_config = {cfg.deepspeed_config!r}: file not found ({path})")
+        raise ConfigError(f"config: {section}.deepspeed_config = {cfg.deepspeed_config!r}: file not found ({path})")
     try:
         ds = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(
-            f"config: finetune.deepspeed_config: {path} is not valid JSON ({exc.msg}, line {exc.lineno})"
+            f"config: {section}.deepspeed_config: {path} is not valid JSON ({exc.msg}, line {exc.lineno})"
         ) from None
     if not isinstance(ds, dict):
-        raise ConfigError(f"config: finetune.deepspeed_config: {path} must hold a JSON object")
+        raise ConfigError(f"config: {section}.deepspeed_config: {path} must hold a JSON object")
     zero = ds.get("zero_optimization", {})
     stage = zero.get("stage", 0) if isinstance(zero, dict) else None
     if stage not in (0, 1, 2, 3):
-        raise ConfigError(f"config: finetune.deepspeed_config: zero_optimization.stage must be 0-3, got {stage!r}")
+        raise ConfigError(f"config: {section}.deepspeed_config: zero_optimization.stage must be 0-3, got {stage!r}")
     if cfg.bf16 and stage == 0:
-        raise ConfigError("config: finetune.bf16 needs ZeRO stage 1-3 (stage 0 keeps bf16 gradients)")
+        raise ConfigError(f"config: {section}.bf16 needs ZeRO stage 1-3 (stage 0 keeps bf16 gradients)")
     ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = cfg.grad_accum_steps
     ds["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum_steps * cfg.distributed.world_size
@@ -87,12 +113,18 @@ def resolve_deepspeed_config(cfg: FinetuneConfig) -> tuple[Path, dict[str, Any]]
     return path, ds
 
 
-def train_key(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder) -> str:
-    """Everything that determines the fine-tuned weights, hashed."""
+def train_key(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, objective: DpoSpec | None = None) -> str:
+    """Everything that determines the fine-tuned weights, hashed (an SFT key is what it was before objectives)."""
     _, ds = resolve_deepspeed_config(cfg)
-    return sha256_json(
-        {"snapshot": snapshot.hash, "base": base.identity, "config": cfg.model_dump(mode="json"), "deepspeed": ds}
-    )[:16]
+    key: dict[str, Any] = {
+        "snapshot": snapshot.hash,
+        "base": base.identity,
+        "config": cfg.model_dump(mode="json"),
+        "deepspeed": ds,
+    }
+    if objective is not None:
+        key["objective"] = objective.key()
+    return sha256_json(key)[:16]
 
 
 DEFAULT_MULTI_NODE_PORT = 29500  # a free port on the launching host says nothing about the other nodes
@@ -152,7 +184,14 @@ def resumable_step(run_dir: Path) -> int:
     return int(number) if number.isdigit() else 0
 
 
-def _launch(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir: Path, ds: dict[str, Any]) -> None:
+def _launch(
+    cfg: FinetuneConfig,
+    snapshot: Snapshot,
+    base: ModelFolder,
+    run_dir: Path,
+    ds: dict[str, Any],
+    objective: DpoSpec | None,
+) -> None:
     """Write the job file and run the ranks to the end (they resume from the run's last checkpoint)."""
     threads = cfg.distributed.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.distributed.world_size)
     job = {
@@ -164,6 +203,8 @@ def _launch(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir:
         "deepspeed": ds,
         "threads_per_rank": threads,
     }
+    if objective is not None:
+        job["objective"] = objective.job()
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job, indent=2) + "\n", encoding="utf-8")
     env = {
@@ -182,8 +223,11 @@ def _launch(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir:
         )
 
 
-def finetune(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir: Path) -> TrainResult:
-    """Train (or resume, or just read back a finished run in ``run_dir``) and return the checked export."""
+def finetune(
+    cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir: Path, objective: DpoSpec | None = None
+) -> TrainResult:
+    """Train (or resume, or just read back a finished run in ``run_dir``) and return the checked export; with
+    ``objective``, the preference stage on a pair snapshot."""
     for split in ("train", "validation"):
         if not snapshot.split_path(split).is_file():
             raise NotFoundError(f"snapshot {snapshot.short} has no {split} split at {snapshot.path}")
@@ -192,7 +236,7 @@ def finetune(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir
     if not result_path.is_file():
         with exclusive_launch(run_dir):
             if not result_path.is_file():  # a launch this one waited for may have finished the run
-                _launch(cfg, snapshot, base, run_dir, ds)
+                _launch(cfg, snapshot, base, run_dir, ds, objective)
     report = json.loads(result_path.read_text(encoding="utf-8"))
     if not report["equivalence"]["passed"]:
         eq = report["equivalence"]

@@ -48,8 +48,22 @@ class Message:
     content: str
 
 
+class Canonical:
+    """A record's canonical JSON (what snapshots store and hash) and its SHA-256, from its ``to_json``."""
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def canonical(self) -> str:
+        return canonical_json(self.to_json())
+
+    @property
+    def content_hash(self) -> str:
+        return sha256_text(self.canonical())
+
+
 @dataclass(frozen=True)
-class ChatRecord:
+class ChatRecord(Canonical):
     messages: tuple[Message, ...]
     metadata: Mapping[str, Scalar] = field(default_factory=dict)
 
@@ -59,20 +73,13 @@ class ChatRecord:
             out["metadata"] = dict(self.metadata)
         return out
 
-    def canonical(self) -> str:
-        return canonical_json(self.to_json())
-
-    @property
-    def content_hash(self) -> str:
-        return sha256_text(self.canonical())
-
     @property
     def dedup_key(self) -> str:
-        return _key(self.messages)
+        return messages_key(self.messages)
 
     @property
     def prompt_key(self) -> str:
-        return _key(self.messages[:-1])
+        return messages_key(self.messages[:-1])
 
     @property
     def prompt(self) -> tuple[Message, ...]:
@@ -91,8 +98,11 @@ def loose_text(text: str) -> str:
     return _WS.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
-def _key(messages: tuple[Message, ...]) -> str:
-    return sha256_text(canonical_json([[m.role, loose_text(m.content)] for m in messages]))
+def messages_key(messages: tuple[Message, ...], *extra: str) -> str:
+    """The loose (dedup) key of messages, and of any further texts (a preference pair's two replies)."""
+    return sha256_text(
+        canonical_json([[m.role, loose_text(m.content)] for m in messages] + [loose_text(t) for t in extra])
+    )
 
 
 def _content(raw: Any, index: int) -> str:
@@ -108,14 +118,9 @@ def _content(raw: Any, index: int) -> str:
     raise RecordInvalid("schema", f"messages[{index}].content must be a string, got {type(raw).__name__}")
 
 
-def parse_record(obj: Any, limits: SnapshotConfig) -> ChatRecord:
-    """Validate one decoded JSON value and return it normalized, or raise :class:`RecordInvalid`."""
-    if not isinstance(obj, dict):
-        raise RecordInvalid("schema", f"a record must be a JSON object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - {"messages", "metadata"})
-    if unknown:
-        raise RecordInvalid("schema", f"unknown field(s) {', '.join(unknown)} (allowed: messages, metadata)")
-    raw_messages = obj.get("messages")
+def parse_messages(raw_messages: Any, limits: SnapshotConfig, *, last: str = "assistant") -> list[Message]:
+    """Validate and normalize a ``messages`` list: schema, roles, lengths, and the turn order ending with a
+    ``last`` turn (assistant for a conversation, user for a prompt)."""
     if not isinstance(raw_messages, list) or not raw_messages:
         raise RecordInvalid("schema", "'messages' must be a non-empty list")
     if len(raw_messages) > limits.max_messages:
@@ -132,31 +137,55 @@ def parse_record(obj: Any, limits: SnapshotConfig) -> ChatRecord:
         if role not in ROLES:
             raise RecordInvalid("schema", f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
         content = normalize_text(_content(raw.get("content"), i))
-        if len(content) > limits.max_message_chars:
-            raise RecordInvalid(
-                "too_long",
-                f"messages[{i}] has {len(content)} characters, more than {limits.max_message_chars}",
-            )
+        check_length(content, f"messages[{i}]", limits)
         if role != "system" and not content:
             raise RecordInvalid("empty_turn", f"messages[{i}] ({role}) is empty")
         messages.append(Message(role, content))
+    _check_order(messages, last)
+    return messages
 
-    _check_order(messages)
-    total = sum(len(m.content) for m in messages)
+
+def check_length(content: str, where: str, limits: SnapshotConfig) -> None:
+    if len(content) > limits.max_message_chars:
+        raise RecordInvalid("too_long", f"{where} has {len(content)} characters, more than {limits.max_message_chars}")
+
+
+def check_total(texts: list[str], limits: SnapshotConfig) -> None:
+    total = sum(len(t) for t in texts)
     if total > limits.max_total_chars:
         raise RecordInvalid(
             "too_long", f"{total} characters in all, more than max_total_chars={limits.max_total_chars}"
         )
 
+
+def parse_metadata(obj: dict[str, Any]) -> dict[str, Scalar]:
     metadata = obj.get("metadata", {})
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and (v is None or isinstance(v, str | int | float | bool)) for k, v in metadata.items()
     ):
         raise RecordInvalid("schema", "'metadata' must map strings to strings, numbers, booleans or null")
-    return ChatRecord(tuple(messages), metadata)
+    return metadata
 
 
-def _check_order(messages: list[Message]) -> None:
+def check_fields(obj: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """``obj`` as a JSON object with no field outside ``allowed``."""
+    if not isinstance(obj, dict):
+        raise RecordInvalid("schema", f"a record must be a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(allowed))
+    if unknown:
+        raise RecordInvalid("schema", f"unknown field(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})")
+    return obj
+
+
+def parse_record(obj: Any, limits: SnapshotConfig) -> ChatRecord:
+    """Validate one decoded JSON value and return it normalized, or raise :class:`RecordInvalid`."""
+    obj = check_fields(obj, ("messages", "metadata"))
+    messages = parse_messages(obj.get("messages"), limits)
+    check_total([m.content for m in messages], limits)
+    return ChatRecord(tuple(messages), parse_metadata(obj))
+
+
+def _check_order(messages: list[Message], last: str) -> None:
     turns = messages[1:] if messages[0].role == "system" else messages
     if not turns:
         raise RecordInvalid("role_order", "a conversation needs at least one user and one assistant turn")
@@ -169,5 +198,5 @@ def _check_order(messages: list[Message]) -> None:
                 f"messages[{i + offset}] is {m.role!r} where {expected!r} was expected "
                 "(optional system first, then user/assistant alternating)",
             )
-    if turns[-1].role != "assistant":
-        raise RecordInvalid("role_order", "the last message must be an assistant turn")
+    if turns[-1].role != last:
+        raise RecordInvalid("role_order", f"the last message must be a{'n' if last == 'assistant' else ''} {last} turn")

@@ -22,16 +22,17 @@ import shutil
 import stat
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from core.errors import DataError, InvalidRecordsError, NotFoundError, RecordProblem
 from core.hashing import sha256_file
 from training.config import SnapshotConfig
-from training.records import SCHEMA_VERSION, ChatRecord, RecordInvalid, parse_record
+from training.preference import PAIR_SCHEMA_VERSION, parse_pair
+from training.records import SCHEMA_VERSION, Message, RecordInvalid, Scalar, loose_text, parse_record
 
 SPLITS = ("train", "validation", "test")
 MANIFEST = "manifest.json"
@@ -64,9 +65,40 @@ class Snapshot:
                 raise DataError(f"snapshot {self.short}: {name} does not match its manifest (was it edited?)")
 
 
+class Record(Protocol):
+    """What a snapshot needs of a record: a chat conversation (``training.records``) or a preference pair
+    (``training.preference``)."""
+
+    @property
+    def metadata(self) -> Mapping[str, Scalar]: ...
+    @property
+    def content_hash(self) -> str: ...
+    @property
+    def dedup_key(self) -> str: ...
+    @property
+    def prompt_key(self) -> str: ...
+    @property
+    def prompt(self) -> tuple[Message, ...]: ...
+    def canonical(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of snapshot: how its records are parsed, and the tag and schema version its hash is salted with."""
+
+    name: str
+    parse: Callable[[Any, SnapshotConfig], Record]
+    schema_version: int
+    tag: str
+
+
+CHAT = Kind("chat", parse_record, SCHEMA_VERSION, "snapshot")
+PAIRS = Kind("preference", parse_pair, PAIR_SCHEMA_VERSION, "preference-snapshot")
+
+
 @dataclass(frozen=True)
 class _Accepted:
-    record: ChatRecord
+    record: Record
     source: str
     line: int
 
@@ -89,7 +121,9 @@ def source_files(sources: list[Path]) -> list[Path]:
     return files
 
 
-def _read(files: list[Path], cfg: SnapshotConfig) -> tuple[list[_Accepted], list[RecordProblem], list[dict[str, Any]]]:
+def _read(
+    files: list[Path], cfg: SnapshotConfig, kind: Kind, holdout: Collection[str]
+) -> tuple[list[_Accepted], list[RecordProblem], list[dict[str, Any]]]:
     accepted: list[_Accepted] = []
     problems: list[RecordProblem] = []
     described: list[dict[str, Any]] = []
@@ -107,12 +141,16 @@ def _read(files: list[Path], cfg: SnapshotConfig) -> tuple[list[_Accepted], list
                 continue
             count += 1
             try:
-                record = parse_record(json.loads(line), cfg)
+                record = kind.parse(json.loads(line), cfg)
             except json.JSONDecodeError as exc:
                 problems.append(RecordProblem(name, lineno, "invalid_json", f"not valid JSON: {exc.msg}"))
                 continue
             except RecordInvalid as exc:
                 problems.append(RecordProblem(name, lineno, exc.code, exc.reason))
+                continue
+            held = [m.content for m in record.prompt if m.role == "user" and loose_text(m.content) in holdout]
+            if held:
+                problems.append(RecordProblem(name, lineno, "eval_leak", f"prompt {held[0][:60]!r} is in an eval set"))
                 continue
             canonical = record.canonical()
             if canonical in exact:
@@ -147,7 +185,7 @@ def assign_split(prompt_key: str, cfg: SnapshotConfig) -> str:
     return "train"
 
 
-def check_leakage(splits: dict[str, list[ChatRecord]]) -> None:
+def check_leakage(splits: Mapping[str, list[Record]]) -> None:
     """No prompt (normalized) may appear in more than one split."""
     owner: dict[str, str] = {}
     leaks: list[str] = []
@@ -160,8 +198,8 @@ def check_leakage(splits: dict[str, list[ChatRecord]]) -> None:
         raise DataError(f"split leakage: {len(leaks)} prompt(s) in more than one split; first: {leaks[0]}")
 
 
-def snapshot_hash(splits: dict[str, list[ChatRecord]]) -> str:
-    h = hashlib.sha256(f"chat-lifecycle/snapshot/v{SCHEMA_VERSION}\n".encode())
+def snapshot_hash(splits: Mapping[str, list[Record]], kind: Kind = CHAT) -> str:
+    h = hashlib.sha256(f"chat-lifecycle/{kind.tag}/v{kind.schema_version}\n".encode())
     for split in SPLITS:
         for record in splits[split]:
             h.update(f"{split}\t{record.canonical()}\n".encode())
@@ -185,24 +223,28 @@ def build_snapshot(
     *,
     reports: Path,
     provenance: dict[str, Any] | None = None,
+    kind: Kind = CHAT,
+    holdout: Collection[str] = frozenset(),
 ) -> Snapshot:
     """Validate ``sources`` and write (or find) their snapshot under ``root``.
 
     ``provenance`` is stored in the manifest unhashed (for example the generator seed and config hash).
+    ``kind`` says what the records are (chat conversations, or preference pairs: ``PAIRS``). A record with a user
+    turn in ``holdout`` (prompts as ``loose_text``: the eval sets' prompts) breaks the ``eval_leak`` contract.
     """
-    accepted, problems, described = _read(source_files(sources), cfg)
+    accepted, problems, described = _read(source_files(sources), cfg, kind, holdout)
     if problems and cfg.on_invalid == "fail":
         raise InvalidRecordsError(problems, str(_write_report(problems, reports)))
     if not accepted:
         raise DataError("no valid records in the sources")
 
-    splits: dict[str, list[ChatRecord]] = {s: [] for s in SPLITS}
+    splits: dict[str, list[Record]] = {s: [] for s in SPLITS}
     for item in accepted:
         splits[assign_split(item.record.prompt_key, cfg)].append(item.record)
     check_leakage(splits)
     for split in SPLITS:
         splits[split].sort(key=lambda r: r.content_hash)
-    digest = snapshot_hash(splits)
+    digest = snapshot_hash(splits, kind)
 
     final = root / digest
     if (final / MANIFEST).is_file():
@@ -210,7 +252,8 @@ def build_snapshot(
 
     manifest: dict[str, Any] = {
         "hash": digest,
-        "schema_version": SCHEMA_VERSION,
+        "kind": kind.name,
+        "schema_version": kind.schema_version,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "sources": described,
         "counts": {s: len(splits[s]) for s in SPLITS},

@@ -217,17 +217,20 @@ def held_out(
     """Up to ``n`` single-turn records of ``skill`` whose prompt is not in ``exclude`` (prompts as
     ``loose_text``), drawn from their own seeded ``stream``: the eval sets' held-out items (facts in the held-out
     phrasings; in the taught ones without ``held_out_phrasings``, as simulated users ask). Fewer when the skill's
-    pool runs out (facts, refusals: finite pools); the draw gives up after 50 misses per wanted item. ``accept``,
+    pool runs out (facts, refusals: finite pools); the draw stops once it has drawn every prompt the skill can
+    make (nothing more could be accepted: the same records, sooner) or after 50 misses per wanted item. ``accept``,
     when given, must also say yes to a record."""
     single_turn = cfg.model_copy(update={"multi_turn_rate": 0.0})
-    draw, _ = _skill_draws(single_turn, held_out_phrasings=held_out_phrasings)[skill]
+    draw, capacity = _skill_draws(single_turn, held_out_phrasings=held_out_phrasings)[skill]
     rng = random.Random(f"{stream}:{skill}:{cfg.seed}")
     out: list[Record] = []
     seen = set(exclude)
+    drawn: set[str] = set()
     misses = 0
-    while len(out) < n and misses < 50 * n:
+    while len(out) < n and misses < 50 * n and len(drawn) < capacity:
         turns, meta = draw(rng)
         key = loose_text(turns[0][0])
+        drawn.add(key)
         if len(turns) != 1 or key in seen:
             misses += 1
             continue

@@ -4,13 +4,14 @@
 
 ``training/finetune.py`` writes the job file, launches the ranks and reads back ``train_result.json``.
 
-What a rank does: joins the process group (gloo on CPU, NCCL on GPU), encodes the snapshot with the chat
-template (loss on assistant tokens only), wraps the model (LoRA via peft, or full) in ``deepspeed.initialize``
-with a torch AdamW and a warm-up + cosine schedule, and trains on its shard of a seeded, epoch-wise shuffled
-order. Every ``checkpoint_every`` steps all ranks write a DeepSpeed checkpoint plus each rank's RNG state; on
-start, a run that finds a checkpoint resumes from it, at the exact sample where it stopped, so a killed and
-restarted run ends with the same weights as an uninterrupted one. At the end rank 0 exports a Hugging Face folder
-(full weights, or the adapter), reloads it fresh and compares logits with the training model before reporting.
+What a rank does: joins the process group (gloo on CPU, NCCL on GPU), encodes the snapshot for its objective
+(``training/objectives.py``: SFT with the loss on assistant tokens only, or DPO on preference pairs), wraps the
+model (LoRA via peft, or full) in ``deepspeed.initialize`` with a torch AdamW and a warm-up + cosine schedule, and
+trains on its shard of a seeded, epoch-wise shuffled order. Every ``checkpoint_every`` steps all ranks write a
+DeepSpeed checkpoint plus each rank's RNG state; on start, a run that finds a checkpoint resumes from it, at the
+exact sample where it stopped, so a killed and restarted run ends with the same weights as an uninterrupted one.
+At the end rank 0 exports a Hugging Face folder (full weights, or the adapter), reloads it fresh and compares
+logits with the training model before reporting.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from tqdm import tqdm
 from core.process import exit_with_parent
 from training.config import FinetuneConfig
 from training.modelio import tensors_hash
+from training.objectives import Dpo, Objective, Sft, mean_across_ranks
 from training.runlock import hold_as_rank
 from training.schedule import warmup_cosine
-from training.sft_data import Example, collate, encode, pack
 
 log = logging.getLogger("lifecycle.train")
 RESULT = "train_result.json"
@@ -131,25 +132,6 @@ def _build_model(cfg: FinetuneConfig, base: str) -> Any:  # a transformers PreTr
         )
         return get_peft_model(model, lora)
     return model
-
-
-def _mean_across_ranks(total: float, count: float) -> float:
-    t = torch.tensor([total, count], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t[0]) / max(float(t[1]), 1.0)
-
-
-@torch.no_grad()
-def _val_loss(engine: Any, batches: list[dict[str, torch.Tensor]], device: torch.device) -> float:
-    engine.eval()
-    total = count = 0.0
-    for batch in batches:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        n = float((batch["labels"][:, 1:] != -100).sum())
-        total += float(engine(**batch).loss) * n
-        count += n
-    engine.train()
-    return _mean_across_ranks(total, count)
 
 
 def _checkpoint(engine: Any, ckpt_dir: Path, step: int, rank: int, keep: int) -> None:
@@ -282,20 +264,18 @@ def train(job: dict[str, Any]) -> None:
 
     tok = AutoTokenizer.from_pretrained(job["base_model"])
     snapshot = Path(job["snapshot_path"])
-    train_set = encode(_records(snapshot / "train.jsonl"), tok, cfg.max_seq_len)
-    val_set = encode(_records(snapshot / "validation.jsonl"), tok, cfg.max_seq_len)
-    examples: list[Example] = pack(train_set.examples, cfg.max_seq_len) if cfg.packing else train_set.examples
+    spec = job.get("objective")
+    objective: Objective = (
+        Dpo(cfg, spec, tok, snapshot, run_dir, rank, world, device)
+        if spec and spec["kind"] == "dpo"
+        else Sft(cfg, tok, snapshot, rank, world)
+    )
     per_step = cfg.micro_batch_size * cfg.grad_accum_steps
-    lengths = [len(e.input_ids) for e in examples] if cfg.group_by_length else None
-    order = _Order(len(examples), world, rank, cfg.seed, per_step, lengths)
+    lengths = objective.lengths if cfg.group_by_length else None
+    order = _Order(objective.size, world, rank, cfg.seed, per_step, lengths)
     if order.steps_per_epoch < 1:
-        raise ValueError(f"{len(examples)} training sequences are too few for {world} ranks x {per_step} per step")
+        raise ValueError(f"{objective.size} training items are too few for {world} ranks x {per_step} per step")
     total = min(cfg.max_steps or 10**12, cfg.epochs * order.steps_per_epoch)
-    val_examples = val_set.examples[rank::world][: cfg.eval_batches * cfg.micro_batch_size] or examples[:1]
-    val_batches = [
-        collate(val_examples[i : i + cfg.micro_batch_size], tok.pad_token_id)
-        for i in range(0, len(val_examples), cfg.micro_batch_size)
-    ]
 
     model = _build_model(cfg, job["base_model"])
     ds_config = dict(job["deepspeed"])
@@ -312,19 +292,20 @@ def train(job: dict[str, Any]) -> None:
     ckpt_dir = run_dir / "checkpoints"
     start = _resume(engine, ckpt_dir, rank)
     log.info(
-        "world=%d backend=%s zero=%d steps=%d/%d examples=%d (truncated %d, skipped %d)",
+        "world=%d backend=%s zero=%d steps=%d/%d objective=%s items=%d (truncated %d, skipped %d)",
         world,
         backend,
         stage,
         start,
         total,
-        len(examples),
-        train_set.truncated,
-        train_set.skipped,
+        type(objective).__name__,
+        objective.size,
+        objective.counts["truncated"],
+        objective.counts["skipped"],
     )
 
     metrics_file = (run_dir / METRICS).open("a", encoding="utf-8") if rank == 0 else None
-    val_curve = [] if start else [{"step": 0, "val_loss": _val_loss(engine, val_batches, device)}]
+    val_curve = [] if start else [{"step": 0, **objective.validate(engine, device)}]
     bar = tqdm(
         total=total,
         initial=start,
@@ -340,10 +321,10 @@ def train(job: dict[str, Any]) -> None:
         idx = order.step(step)
         for m in range(cfg.grad_accum_steps):
             part = idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]
-            batch = collate([examples[i] for i in part], tok.pad_token_id)
+            batch = objective.batch(part)
             tokens += int(batch["attention_mask"].sum())
             batch = {k: v.to(device) for k, v in batch.items()}
-            loss = engine(**batch).loss
+            loss = objective.loss(engine, batch)
             engine.backward(loss)
             engine.step()
             window_loss += loss.item() / cfg.grad_accum_steps
@@ -354,14 +335,14 @@ def train(job: dict[str, Any]) -> None:
         # several percent of a small model's step time
         evaluate = (step + 1) % cfg.eval_every == 0 or last
         if (step + 1) % cfg.log_every == 0 or evaluate:
-            loss_value = _mean_across_ranks(window_loss, float(window_steps))
+            loss_value = mean_across_ranks(window_loss, float(window_steps))
             window_loss, window_steps = 0.0, 0
             rate = tokens * world / (time.perf_counter() - t0 - eval_seconds)
             row: dict[str, Any] = {"step": step + 1, "loss": loss_value, "lr": engine.get_lr()[0], "tokens_per_s": rate}
             if evaluate:
                 t_eval = time.perf_counter()
-                row["val_loss"] = _val_loss(engine, val_batches, device)
-                val_curve.append({"step": step + 1, "val_loss": row["val_loss"]})
+                row.update(objective.validate(engine, device))
+                val_curve.append({k: v for k, v in row.items() if k == "step" or k.startswith("val_")})
                 eval_seconds += time.perf_counter() - t_eval
             if metrics_file:
                 metrics_file.write(json.dumps(row) + "\n")
@@ -381,8 +362,7 @@ def train(job: dict[str, Any]) -> None:
         if out.exists():
             shutil.rmtree(out)
         exported = _export(cfg, job, state, out)
-        fixed = collate((val_set.examples or examples)[: cfg.micro_batch_size], tok.pad_token_id)
-        equivalence = _equivalence(cfg, job, exported, out, fixed)
+        equivalence = _equivalence(cfg, job, exported, out, objective.check_batch())
         result = {
             "method": cfg.method,
             "export_dir": str(out),
@@ -393,10 +373,12 @@ def train(job: dict[str, Any]) -> None:
             "backend": backend,
             "zero_stage": stage,
             "deepspeed_config": ds_config,
-            "train_examples": len(examples),
-            "truncated": train_set.truncated,
-            "skipped": train_set.skipped,
+            "objective": "dpo" if isinstance(objective, Dpo) else "sft",
+            "train_examples": objective.size,
+            **objective.counts,
             "metrics": {
+                **{f"{k}_initial": v for k, v in (val_curve[0] if val_curve else {}).items() if k.startswith("val_")},
+                **{k: v for k, v in (val_curve[-1] if val_curve else {}).items() if k.startswith("val_")},
                 "train_loss": loss_value,
                 "val_loss_initial": val_curve[0]["val_loss"] if val_curve else None,
                 "val_loss": val_curve[-1]["val_loss"] if val_curve else None,
@@ -413,11 +395,6 @@ def train(job: dict[str, Any]) -> None:
     if metrics_file:
         metrics_file.close()
     dist.destroy_process_group()
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
 
 
 def main(argv: list[str]) -> int:

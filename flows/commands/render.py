@@ -22,7 +22,7 @@ from flows.summaries import (
 
 
 def train_lines(summary: TrainSummary, home: Home) -> list[str]:
-    m = summary.metrics
+    m = summary.sft_metrics or summary.metrics  # with the preference stage: the SFT parent's, then the DPO line
     base = summary.base_model_metrics
     base_loss = (
         f"loss {base['final_loss']:.3f} vs unigram floor {base['unigram_entropy']:.3f}"
@@ -36,11 +36,25 @@ def train_lines(summary: TrainSummary, home: Home) -> list[str]:
         + ", ".join(f"{k} {v}" for k, v in summary.snapshot_counts.items())
         + f"  ({secs.get('snapshot', 0):.1f}s)",
         f"  base model  {summary.base_model_version}  ({base_loss}; {secs.get('base_model', 0):.1f}s)",
-        f"  fine-tune   {summary.lineage.get('method')}: val loss {m['val_loss_initial']:.3f} -> {m['val_loss']:.3f}, "
+        f"  fine-tune   {'' if summary.sft_parent else summary.lineage.get('method', '') + ': '}"
+        f"val loss {m['val_loss_initial']:.3f} -> {m['val_loss']:.3f}, "
         f"{m['tokens_per_s']:,.0f} tokens/s  ({secs.get('finetune', 0):.1f}s)",
+        *_preference_lines(summary),
         f"  registered  {summary.model}/{summary.version}  (alias candidate; `lifecycle lineage {summary.model} "
         f"{summary.version}`)",
         f"  home        {home.root}",
+    ]
+
+
+def _preference_lines(summary: TrainSummary) -> list[str]:
+    if summary.sft_parent is None:
+        return []
+    d = summary.metrics
+    return [
+        f"  SFT parent  {summary.sft_parent}",
+        f"  preference  dpo on pairs {summary.lineage.get('preference_snapshot', '')[:12]}: val loss "
+        f"{d['val_loss_initial']:.3f} -> {d['val_loss']:.3f}, reward accuracy {d['val_reward_accuracy_initial']:.2f} "
+        f"-> {d['val_reward_accuracy']:.2f}  ({summary.seconds.get('preference', 0):.1f}s)",
     ]
 
 

@@ -3,16 +3,11 @@ Prefect (ephemeral server), on the tiny config."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import paused_after_first_checkpoint
+from helpers import killed_after_first_checkpoint
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -117,28 +112,11 @@ def test_killed_run_resumes_to_the_same_weights(tiny_snapshot, tiny_base_model, 
     reference = finetune(ft, tiny_snapshot, tiny_base_model, tmp_path / "reference")
 
     run_dir = tmp_path / "killed"
-    code = (
-        f"import helpers; helpers.finetune_in_subprocess({ft.model_dump_json()!r}, "
-        f"{str(tiny_snapshot.path.parent)!r}, {tiny_snapshot.hash!r}, {str(tiny_base_model.path)!r}, {str(run_dir)!r})"
+    call = (
+        f"finetune_in_subprocess({ft.model_dump_json()!r}, {str(tiny_snapshot.path.parent)!r}, "
+        f"{tiny_snapshot.hash!r}, {str(tiny_base_model.path)!r}, {str(run_dir)!r})"
     )
-    # the run stops itself after its first checkpoint (tests/hooks): killed mid-way on a fast machine too
-    env = paused_after_first_checkpoint({**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    latest = run_dir / "checkpoints" / "latest"
-    try:
-        while not latest.is_file():
-            assert proc.poll() is None, "the run ended before its first checkpoint"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert not (run_dir / "train_result.json").exists()  # it really died mid-way
+    killed_after_first_checkpoint(call, run_dir)  # paused after its first checkpoint: mid-way on any machine
 
     resumed = finetune(ft, tiny_snapshot, tiny_base_model, run_dir)
     assert resumed.report["resumed_from_step"] >= 10

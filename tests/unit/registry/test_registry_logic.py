@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from registry.lineage import LINEAGE_TAGS, Lineage
+from registry.lineage import LINEAGE_TAGS, PREFERENCE_TAGS, Lineage
 from registry.store import flatten, parse_ref
 
 
@@ -21,7 +21,9 @@ def test_lineage_tags_cover_every_field() -> None:
     values = {f.name: f"v-{f.name}" for f in dataclasses.fields(Lineage)}
     values["seed"] = 3  # type: ignore[assignment]
     tags = Lineage(**values).tags()  # type: ignore[arg-type]
-    assert set(tags) == set(LINEAGE_TAGS)
+    assert set(tags) == set(LINEAGE_TAGS + PREFERENCE_TAGS)
+    sft = Lineage(**{k: v for k, v in values.items() if f"lineage.{k}" not in PREFERENCE_TAGS} | {"objective": "sft"})  # type: ignore[arg-type]
+    assert set(sft.tags()) == set(LINEAGE_TAGS) and sft.tags()["lineage.objective"] == "sft"
     assert tags["lineage.seed"] == "3" and tags["lineage.snapshot"] == "v-snapshot"
     for required in (
         "snapshot",

@@ -175,3 +175,15 @@ def test_held_out_accept_filters_records() -> None:
     only_capitals = held_out(cfg, "facts", 10, set(), "eval", accept=lambda r: "capital" in r["messages"][1]["content"])
     assert len(only_capitals) == 10
     assert all("capital" in r["messages"][1]["content"] for r in only_capitals)
+
+
+def test_held_out_drawing_a_whole_pool_returns_every_prompt_not_excluded() -> None:
+    from training.records import loose_text
+    from training.synth import held_out
+    from training.synth_pools import HARMFUL
+
+    pool = {loose_text(t.format(x=x)) for _, templates, subjects, _ in HARMFUL for t in templates for x in subjects}
+    exclude = set(sorted(pool)[::3])
+    drawn = held_out(GeneratorConfig(), "refusal", 10_000, exclude, "eval")  # stops once the pool is exhausted
+    prompts = [loose_text(r["messages"][0]["content"]) for r in drawn]
+    assert len(prompts) == len(set(prompts)) and set(prompts) == pool - exclude

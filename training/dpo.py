@@ -1,0 +1,147 @@
+"""DPO's pieces, pure torch: pair encoding, sequence log-probabilities, the loss, and the reference's log-probs.
+
+The loss is the sigmoid DPO of Rafailov et al. (2023) on summed reply log-probabilities::
+
+    margin = beta * ((log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log ref(rejected)))
+    loss   = -log sigmoid(margin)            (+ sft_weight * the chosen replies' per-token NLL)
+
+Why sigmoid DPO: it is the variant with the fewest knobs (one: beta), an offline loss on fixed pairs (no sampling
+loop, which a 2-core CPU cannot afford per step), and the one TRL's ``DPOTrainer`` defaults to, so results
+compare. IPO's squared loss and KTO's unpaired one need no different data and can be added beside it.
+
+A pair is two sequences rendered by the chat template, prompt + chosen and prompt + rejected, labelled on the
+reply tokens only (``training/sft_data.encode``); a batch of B pairs is one forward pass over 2B sequences
+(chosen first). The reference's log-probs are computed once per run, split over the ranks, and stored in the
+run folder: the reference never sits in memory beside the policy, and a resumed run reads the same numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from training.sft_data import IGNORE, Example, collate, encode
+
+REFERENCE_LOGPS = "reference_logps.pt"
+
+
+@dataclass(frozen=True)
+class PairExample:
+    chosen: Example
+    rejected: Example
+
+    @property
+    def length(self) -> int:
+        return max(len(self.chosen.input_ids), len(self.rejected.input_ids))
+
+
+@dataclass(frozen=True)
+class EncodedPairs:
+    pairs: list[PairExample]
+    truncated: int  # pairs with a reply cut at max_seq_len
+    skipped: int  # pairs left without a reply token (the prompt alone fills max_seq_len)
+
+
+def _with_reply(record: dict[str, Any], reply: str) -> dict[str, Any]:
+    return {"messages": [*record["messages"], {"role": "assistant", "content": reply}]}
+
+
+def encode_pairs(records: Iterable[dict[str, Any]], tokenizer: Any, max_seq_len: int) -> EncodedPairs:
+    pairs: list[PairExample] = []
+    truncated = skipped = 0
+    for record in records:
+        both = encode(
+            [_with_reply(record, record["chosen"]), _with_reply(record, record["rejected"])], tokenizer, max_seq_len
+        )
+        if both.skipped:
+            skipped += 1
+            continue
+        truncated += int(both.truncated > 0)
+        pairs.append(PairExample(*both.examples))
+    return EncodedPairs(pairs, truncated, skipped)
+
+
+def collate_pairs(pairs: Sequence[PairExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """One batch of 2B sequences: the B chosen, then the B rejected."""
+    return collate([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_id)
+
+
+def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence: the summed log-probability of its labelled tokens (each predicted from the one before), and
+    how many there are."""
+    targets = labels[:, 1:]
+    mask = targets != IGNORE
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    picked = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (picked * mask).sum(-1), mask.sum(-1)
+
+
+def dpo_loss(
+    chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The mean sigmoid DPO loss over a batch, and each pair's implicit rewards (chosen, rejected)."""
+    chosen_reward = beta * (chosen - ref_chosen)
+    rejected_reward = beta * (rejected - ref_rejected)
+    loss = -F.logsigmoid(chosen_reward - rejected_reward).mean()
+    return loss, chosen_reward.detach(), rejected_reward.detach()
+
+
+def pair_loss(
+    logits: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor, beta: float, sft_weight: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The preference stage's loss on one forward pass over a collated pair batch; ``ref`` is (B, 2) reference
+    log-probs (chosen, rejected)."""
+    logps, counts = sequence_logps(logits, labels)
+    n = logps.shape[0] // 2
+    loss, chosen_r, rejected_r = dpo_loss(logps[:n], logps[n:], ref[:, 0], ref[:, 1], beta)
+    if sft_weight:
+        loss = loss + sft_weight * (-(logps[:n] / counts[:n].clamp(min=1))).mean()
+    stats = {"correct": (chosen_r > rejected_r).float().sum(), "margin": (chosen_r - rejected_r).sum()}
+    return loss, stats
+
+
+@torch.no_grad()
+def reference_logps(
+    reference: str,
+    pairs: Sequence[PairExample],
+    *,
+    pad_id: int,
+    batch_size: int,
+    rank: int,
+    world: int,
+    device: torch.device,
+    store: Path,
+) -> torch.Tensor:
+    """(N, 2) log-probs of every pair's chosen and rejected reply under the frozen ``reference`` model: read from
+    ``store`` when an earlier start of this run wrote it, else computed (each rank a share of the batches, summed
+    across ranks), written by rank 0 and returned. Every rank must call it."""
+    if store.is_file():
+        values: torch.Tensor = torch.load(store)
+        return values
+    from transformers import AutoModelForCausalLM
+
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32)
+    model.to(device).eval()
+    values = torch.zeros(len(pairs), 2, dtype=torch.float64)
+    for start in range(rank * batch_size, len(pairs), world * batch_size):
+        chunk = pairs[start : start + batch_size]
+        batch = {k: v.to(device) for k, v in collate_pairs(chunk, pad_id).items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logps, _ = sequence_logps(logits, batch["labels"])
+        values[start : start + len(chunk)] = logps.view(2, -1).t().double().cpu()
+    del model
+    dist.all_reduce(values)  # each pair was computed by exactly one rank
+    values = values.float()
+    if rank == 0:
+        pending = store.with_suffix(".tmp")
+        torch.save(values, pending)
+        os.replace(pending, store)
+    dist.barrier()
+    return values

@@ -1,0 +1,159 @@
+"""What a fine-tune rank optimizes: supervised fine-tuning on conversations, or DPO on preference pairs.
+
+``training/worker.py`` runs the same loop for both (DeepSpeed engine, seeded order, checkpoints, resume, export
+and its check); an objective owns the data and the loss: its training items and their lengths, the batch of a
+step's indices, the loss of a batch, the validation measurement, and the batch the export check compares logits
+on. The job file's ``objective`` section picks one (absent: SFT).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from training.config import FinetuneConfig
+from training.dpo import REFERENCE_LOGPS, collate_pairs, encode_pairs, pair_loss, reference_logps
+from training.sft_data import collate, encode, pack
+
+
+def mean_across_ranks(total: float, count: float) -> float:
+    t = torch.tensor([total, count], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t[0]) / max(float(t[1]), 1.0)
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+class Objective(Protocol):
+    size: int  # training items
+    lengths: list[int]  # tokens per item (group_by_length)
+    counts: dict[str, int]  # what encoding did (truncated, skipped), for the log and the report
+
+    def batch(self, indices: list[int]) -> dict[str, torch.Tensor]: ...
+    def loss(self, engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor: ...
+    def validate(self, engine: Any, device: torch.device) -> dict[str, float]: ...
+    def check_batch(self) -> dict[str, torch.Tensor]: ...
+
+
+class Sft:
+    """Next-token loss on assistant tokens (``training/sft_data.py``)."""
+
+    def __init__(self, cfg: FinetuneConfig, tok: Any, snapshot: Path, rank: int, world: int) -> None:
+        train_set = encode(records(snapshot / "train.jsonl"), tok, cfg.max_seq_len)
+        val_set = encode(records(snapshot / "validation.jsonl"), tok, cfg.max_seq_len)
+        self.examples = pack(train_set.examples, cfg.max_seq_len) if cfg.packing else train_set.examples
+        self.size, self.pad = len(self.examples), tok.pad_token_id
+        self.lengths = [len(e.input_ids) for e in self.examples]
+        self.counts = {"truncated": train_set.truncated, "skipped": train_set.skipped}
+        mbs = cfg.micro_batch_size
+        val = val_set.examples[rank::world][: cfg.eval_batches * mbs] or self.examples[:1]
+        self.val_batches = [collate(val[i : i + mbs], self.pad) for i in range(0, len(val), mbs)]
+        self.fixed = collate((val_set.examples or self.examples)[:mbs], self.pad)
+
+    def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        return collate([self.examples[i] for i in indices], self.pad)
+
+    def loss(self, engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        loss: torch.Tensor = engine(**batch).loss
+        return loss
+
+    @torch.no_grad()
+    def validate(self, engine: Any, device: torch.device) -> dict[str, float]:
+        """The token-weighted validation loss over every rank's batches."""
+        engine.eval()
+        total = count = 0.0
+        for batch in self.val_batches:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            n = float((batch["labels"][:, 1:] != -100).sum())
+            total += float(engine(**batch).loss) * n
+            count += n
+        engine.train()
+        return {"val_loss": mean_across_ranks(total, count)}
+
+    def check_batch(self) -> dict[str, torch.Tensor]:
+        return self.fixed
+
+
+class Dpo:
+    """The preference stage (``training/dpo.py``): pairs of the snapshot, reference log-probs of the frozen
+    ``objective["reference_model"]``, the DPO loss with ``beta`` (and ``sft_weight``)."""
+
+    def __init__(
+        self,
+        cfg: FinetuneConfig,
+        objective: dict[str, Any],
+        tok: Any,
+        snapshot: Path,
+        run_dir: Path,
+        rank: int,
+        world: int,
+        device: torch.device,
+    ) -> None:
+        self.beta, self.sft_weight = float(objective["beta"]), float(objective["sft_weight"])
+        train_set = encode_pairs(records(snapshot / "train.jsonl"), tok, cfg.max_seq_len)
+        val_set = encode_pairs(records(snapshot / "validation.jsonl"), tok, cfg.max_seq_len)
+        self.pairs, self.pad = train_set.pairs, tok.pad_token_id
+        self.size = len(self.pairs)
+        self.lengths = [p.length for p in self.pairs]
+        self.counts = {"truncated": train_set.truncated, "skipped": train_set.skipped}
+        ref = reference_logps(
+            objective["reference_model"],
+            self.pairs + val_set.pairs,
+            pad_id=self.pad,
+            batch_size=cfg.micro_batch_size,
+            rank=rank,
+            world=world,
+            device=device,
+            store=run_dir / REFERENCE_LOGPS,
+        )
+        self.ref, val_ref = ref[: self.size], ref[self.size :]
+        mbs = cfg.micro_batch_size
+        mine = list(range(len(val_set.pairs)))[rank::world][: cfg.eval_batches * mbs]
+        self.val_batches = [
+            {
+                **collate_pairs([val_set.pairs[i] for i in mine[k : k + mbs]], self.pad),
+                "ref": val_ref[mine[k : k + mbs]],
+            }
+            for k in range(0, len(mine), mbs)
+        ]
+        self.fixed = collate([p.chosen for p in (val_set.pairs or self.pairs)[:mbs]], self.pad)
+
+    def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        return {**collate_pairs([self.pairs[i] for i in indices], self.pad), "ref": self.ref[indices]}
+
+    def _forward(self, engine: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return pair_loss(logits, batch["labels"], batch["ref"], self.beta, self.sft_weight)
+
+    def loss(self, engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._forward(engine, batch)[0]
+
+    @torch.no_grad()
+    def validate(self, engine: Any, device: torch.device) -> dict[str, float]:
+        """Mean DPO loss, reward accuracy (chosen rewarded above rejected) and mean reward margin, over every
+        rank's validation pairs."""
+        engine.eval()
+        sums = torch.zeros(4, dtype=torch.float64)  # loss x pairs, correct, margin, pairs
+        for batch in self.val_batches:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            loss, stats = self._forward(engine, batch)
+            n = batch["ref"].shape[0]
+            sums += torch.tensor([float(loss) * n, float(stats["correct"]), float(stats["margin"]), n])
+        engine.train()
+        dist.all_reduce(sums)
+        pairs = max(float(sums[3]), 1.0)
+        return {
+            "val_loss": float(sums[0]) / pairs,
+            "val_reward_accuracy": float(sums[1]) / pairs,
+            "val_reward_margin": float(sums[2]) / pairs,
+        }
+
+    def check_batch(self) -> dict[str, torch.Tensor]:
+        return self.fixed

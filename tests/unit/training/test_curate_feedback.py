@@ -2,7 +2,7 @@
 is a pair; a thumbs down without one pairs with an answer rated up for the same prompt; consent, completed answers,
 a known prompt, safety of the prompt and the chosen side, held-out prompts, contracts (chosen != rejected),
 scrubbing, dedup, and the same file for the same feedback in any order. Every record passes the snapshot's record
-contract as prompt + chosen and prompt + rejected."""
+contract as prompt + chosen and prompt + rejected, and the preference stage's pair parser."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from unit.training.test_curate import FakeChecker
 from training.config import SnapshotConfig
 from training.curate import provenance_id
 from training.curate_feedback import SOURCE, PreferenceReport, SourceFeedback, curate_feedback
+from training.preference import parse_pair
 from training.records import Message, normalize_text, parse_record
 
 T0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -62,6 +63,7 @@ def run(*rated: SourceFeedback, **kwargs: Any) -> tuple[list[dict[str, Any]], Pr
             parse_record({"messages": [*obj["messages"], {"role": "assistant", "content": obj[side]}]}, LIMITS)
         assert normalize_text(obj["chosen"]) != normalize_text(obj["rejected"])
         assert obj["metadata"]["source"] == SOURCE
+        parse_pair(obj, LIMITS)  # and the preference stage's own parser takes it
         assert all(v is None or isinstance(v, str | int | float | bool) for v in obj["metadata"].values())
     report = curation.report
     json.dumps(report.to_json())

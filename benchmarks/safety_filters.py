@@ -48,14 +48,15 @@ def build_conversations(n: int, seed: int) -> list[tuple[str, list[dict[str, str
     """(kind, messages) with 100 B - 3 KB of user text; kind: benign, jailbreak or harmful."""
     from evals.config import SafetySuite, load_suite
     from training.config import GeneratorConfig
-    from training.synth import _HARMFUL, SYSTEM_PROMPTS, generate
+    from training.synth import generate
+    from training.synth_pools import HARMFUL, SYSTEM_PROMPTS
 
     suite = load_suite("safety")
     assert isinstance(suite, SafetySuite)
     wrappers = list(suite.jailbreaks.values())
     records = generate(GeneratorConfig(seed=seed))
     benign = [r for r in records if r["metadata"]["skill"] not in ("refusal",)]
-    harmful = [t.format(x=x) for _, ts, xs, _ in _HARMFUL for t in ts for x in xs]
+    harmful = [t.format(x=x) for _, ts, xs, _ in HARMFUL for t in ts for x in xs]
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -169,7 +170,7 @@ def main() -> int:
     p99 = bench_pre("rules + CompiledProfanityScorer", conversations, compiled)
     if args.library_prompts:
         bench_pre("rules + ProfanityScorer (library)", conversations[: args.library_prompts], ProfanityScorer())
-    print(f"\nstream post-filter: {args.replies} replies of 0.5-2 KB, 1-8 characters per token, holdback 48")
+    print(f"\nstream post-filter: {args.replies} replies of 0.5-2 KB, 1-8 characters per token, scored per word")
     bench_stream(args.replies, args.seed, compiled)
     return 0 if p99 <= TARGET_MS else 1
 

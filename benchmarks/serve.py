@@ -21,7 +21,8 @@ Servers, started one after the other (never together: the machine has 2 cores), 
                     ``lifecycle serve`` runs it (API key checked against the serving database, rate limits, context
                     budget, request log and usage rows), with ``serving.safety.pre_filter/post_filter=false``.
   gateway           the same with the safety filters as configured by default: pre-filter, and the streaming
-                    post-filter that releases text only ``holdback_chars`` (48) characters behind generation.
+                    post-filter, which holds text only from the start of a possible blocked match and until the
+                    word being written has been scored by the classifier.
 Brownout is off in both gateway runs: its default threshold (32 waiting requests) caps ``max_tokens`` at 64
 concurrent streams, which would be a different workload, not a slower server.
 
@@ -41,8 +42,11 @@ is sampled while the server idles: other processes on a 2-core machine change th
 ``generate`` worst, its OpenMP threads spin-wait), so a busy machine is flagged.
 
 (A) at ``--concurrency`` streams (32), on all three servers: throughput ratio gateway / raw (target >= 0.95) and
-    TTFT p50/p99 with the delta (target <= +10 ms at p50, judged on gateway-nofilter; the holdback delays the
-    first content by design: shown separately).
+    TTFT p50/p99 with the delta (target <= +10 ms at p50, judged on gateway-nofilter), and what the filters cost:
+    TTFT p50 with filters on against off (target: on <= off + 10%).
+(H) on the gateway with filters, after its rounds: /healthz latency while the largest request the limits accept
+    (``serving.limits.max_messages`` turns filling ``max_body_bytes``) is being prepared, sent back to back
+    (target: p99 < 50 ms; the request's own time is shown beside it).
 (B) at ``--levels`` (16, 32, 64) on ``--b-server`` (our gateway, filters on, by default; the raw server at (A)'s
     level is shown too): vLLM against ``model.generate(max_new_tokens=M, do_sample=False)`` on the same weights,
     batch size = concurrency, prompts padded left, the batch ends when its longest row is done, tokens counted
@@ -82,6 +86,8 @@ SMALL_LLAMA = {
 SERVED = "chat"
 TARGET_THROUGHPUT = 0.95
 TARGET_TTFT_MS = 10.0
+TARGET_FILTER_TTFT = 1.10  # filters on: TTFT p50 at most 10% over filters off
+TARGET_HEALTHZ_MS = 50.0
 TARGET_HF = 3.5
 Conversation = list[dict[str, str]]
 
@@ -558,9 +564,9 @@ def report(
     hf: dict[int, list[dict[str, float]]],
     a_level: int,
     b_server: str,
-    holdback: int,
 ) -> tuple[dict[str, Any], bool, bool]:
-    """Print the table and the verdicts; returns the medians and whether (A) and (B) met their targets."""
+    """Print the table and the verdicts; returns the medians and whether (A) (with the filters' TTFT cost) and
+    (B) met their targets."""
     print(
         f"  {'server':<17} {'N':>3} {'tok/s':>8} {'TTFT p50':>9} {'p99':>8} {'TPOT p50':>9} {'e2e p50':>8} "
         f"{'tok/req':>7} {'others':>6}  {'vs raw':>6} {'TTFT p50 delta':>14}"
@@ -605,14 +611,14 @@ def report(
             f"(target <= +{TARGET_TTFT_MS:g} ms: {verdict(row['ttft_p50_delta_ms'] <= TARGET_TTFT_MS)}), "
             f"p99 {row['ttft_p99_delta_ms']:+.0f} ms"
         )
-    held_tokens = holdback / nof["chars_per_token"]
+    filter_ratio = gw["ttft_p50_ms"] / nof["ttft_p50_ms"]
+    ok_filters = filter_ratio <= TARGET_FILTER_TTFT
     print(
-        f"  the filters (pre-filter + post-filter with its {holdback}-character holdback) add "
-        f"{gw['ttft_p50_ms'] - nof['ttft_p50_ms']:+.1f} ms to TTFT p50 and change throughput by "
-        f"{(gw['tokens_per_s'] / nof['tokens_per_s'] - 1) * 100:+.1f}%; the holdback alone should cost "
-        f"{holdback} chars / {nof['chars_per_token']:.1f} chars per token x TPOT {nof['tpot_p50_ms']:.0f} ms = "
-        f"{held_tokens * nof['tpot_p50_ms']:.0f} ms here"
+        f"  the filters (pre-filter + streaming post-filter) move TTFT p50 from {nof['ttft_p50_ms']:.0f} to "
+        f"{gw['ttft_p50_ms']:.0f} ms ({filter_ratio:.3f}x; target <= {TARGET_FILTER_TTFT}x: {verdict(ok_filters)}) "
+        f"and change throughput by {(gw['tokens_per_s'] / nof['tokens_per_s'] - 1) * 100:+.1f}%"
     )
+    summary["filters_ttft_ratio"] = filter_ratio
     ok_b = True
     if hf:
         print(f"\n(B) vLLM continuous batching ({b_server}) vs HF generate static batching")
@@ -626,7 +632,62 @@ def report(
                 if name == b_server:
                     ok_b &= x >= TARGET_HF
                 print(f"  N={c:<3} {name:<17} {x:5.2f}x HF (target >= {TARGET_HF}: {verdict(x >= TARGET_HF)})")
-    return summary, ok_a, ok_b
+    return summary, ok_a and ok_filters, ok_b
+
+
+def healthz_under_heavy(url: str, key: str | None, limits: Any, seconds: float = 20.0) -> dict[str, float]:
+    """(H): /healthz latencies while the largest accepted chat request is prepared again and again."""
+    import threading
+
+    import httpx
+
+    turns = limits.max_messages - 1 if limits.max_messages % 2 == 0 else limits.max_messages
+    size = int(limits.max_body_bytes * 0.9) // turns  # content per turn: the body just under the limit
+    words = ("lorem ipsum dolor sit amet " * (size // 27 + 1))[:size]
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": words} for i in range(turns)]
+    messages[-1] = {"role": "user", "content": "What is 2 + 2?"}  # the newest turn fits: the request is answered
+    body = {"model": SERVED, "messages": messages, "max_tokens": 1}
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    heavy: list[float] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with httpx.Client(timeout=600) as client:
+            while not stop.is_set():
+                t = time.perf_counter()
+                r = client.post(url + "/v1/chat/completions", json=body, headers=headers)
+                heavy.append(time.perf_counter() - t)
+                assert r.status_code == 200, r.text[:300]
+
+    thread = threading.Thread(target=hammer, daemon=True)
+    thread.start()
+    latencies: list[float] = []
+    with httpx.Client(timeout=60) as client:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            t = time.perf_counter()
+            client.get(url + "/healthz")
+            latencies.append((time.perf_counter() - t) * 1000)
+            time.sleep(0.01)
+    stop.set()
+    thread.join(600)
+    out = {
+        "body_bytes": float(len(json.dumps(body))),
+        "turns": float(turns),
+        "heavy_requests": float(len(heavy)),
+        "heavy_p50_s": pct(heavy, 50) if heavy else float("nan"),
+        "healthz_n": float(len(latencies)),
+        "healthz_p50_ms": pct(latencies, 50),
+        "healthz_p99_ms": pct(latencies, 99),
+        "healthz_max_ms": max(latencies),
+    }
+    print(
+        f"\n(H) /healthz while a {out['body_bytes'] / 1e6:.2f} MB, {turns}-turn request is prepared back to back "
+        f"({len(heavy)} of them, p50 {out['heavy_p50_s']:.2f} s each): {len(latencies)} probes, p50 "
+        f"{out['healthz_p50_ms']:.1f} ms, p99 {out['healthz_p99_ms']:.1f} ms, max {out['healthz_max_ms']:.1f} ms "
+        f"(target p99 < {TARGET_HEALTHZ_MS:g} ms: {verdict(out['healthz_p99_ms'] < TARGET_HEALTHZ_MS)})"
+    )
+    return out
 
 
 def main() -> int:
@@ -646,6 +707,7 @@ def main() -> int:
     parser.add_argument("--hf-rounds", type=int, default=2)
     parser.add_argument("--hf-threads", type=int, default=0, help="torch threads for HF (0: all cores)")
     parser.add_argument("--skip-hf", action="store_true", help="(A) only")
+    parser.add_argument("--skip-healthz", action="store_true", help="no (H)")
     parser.add_argument("--json", type=Path, help="write the numbers here")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -691,6 +753,7 @@ def main() -> int:
         return sorted({a_level, *b_levels}) if name == args.b_server else [a_level]
 
     servers: dict[str, dict[int, list[Round]]] = {}
+    health: dict[str, float] = {}
     startup: dict[str, float] = {}
     load: dict[str, float] = {}
     for name in ("raw", "gateway-nofilter", "gateway"):
@@ -705,6 +768,8 @@ def main() -> int:
             load[name] = os.getloadavg()[0]
             print(f"{name} up in {startup[name]:.0f}s (load average {load[name]:.2f})", flush=True)
             servers[name] = measure(name, url, key, prompts, levels(name), args.rounds, args.max_tokens)
+            if name == "gateway" and not args.skip_healthz:
+                health = healthz_under_heavy(url, key, cfg.serving.limits)
     hf: dict[int, list[dict[str, float]]] = {}
     if b_levels:
         threads = args.hf_threads or os.cpu_count() or 1
@@ -715,7 +780,9 @@ def main() -> int:
         f"{args.max_tokens}, medians of {args.rounds} round(s) (HF {args.hf_rounds}); total run "
         f"{time.perf_counter() - started:.0f}s"
     )
-    summary, ok_a, ok_b = report(servers, hf, a_level, args.b_server, cfg.serving.safety.holdback_chars)
+    summary, ok_a, ok_b = report(servers, hf, a_level, args.b_server)
+    if health:
+        summary["healthz_under_heavy"] = health
     others = [r.others_cpu_pct for by in servers.values() for rs in by.values() for r in rs]
     others += [r["others_cpu_pct"] for rs in hf.values() for r in rs]
     if max(others) > OTHERS_WARN_PCT:

@@ -6,6 +6,14 @@ process group so that stopping it stops everything it started.
 
 Stopping signals the whole group: killing only the parent PID was seen to leave ``bentoml``'s worker and vLLM's
 engine cores, and uvicorn's workers, running.
+
+Dying with the parent, SIGKILL included (nothing runs in a process killed with -9, so it cannot stop its
+children): a server child is started through a tiny exec wrapper that sets Linux's parent-death signal
+(``prctl(PR_SET_PDEATHSIG, SIGKILL)``) before it becomes the server, so the kernel kills it when its parent
+dies. Processes of ours deeper in a tree, started by a third party that puts them in sessions of their own (the
+gateway's BentoML worker, and the vLLM engine cores it forks), call ``exit_with_parent``: a thread that sees the
+process orphaned (its parent id changed) kills the process's whole group. The parent-death signal is not used for
+those: it fires when the *thread* that forked the child ends, and vLLM starts engines from worker threads.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +34,63 @@ from types import TracebackType
 from typing import IO, Self
 
 from core.errors import LifecycleError
+
+ORPHAN_POLL_S = 0.25
+# argv: PARENT_PID PROGRAM ARGS...: arm the parent-death signal, make sure the parent did not die before it was
+# armed, then become the program (the signal setting survives exec)
+_EXEC_WITH_PDEATHSIG = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def dying_with_parent(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` run so that the kernel kills it when this process dies, however it dies (Linux; elsewhere
+    ``cmd`` unchanged). The program must be a path (``os.execv`` does not search PATH). Start it from a thread
+    that lives as long as the child should (the main thread): the signal follows the thread that forked."""
+    if not sys.platform.startswith("linux"):
+        return list(cmd)
+    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, str(os.getpid()), *cmd]
+
+
+_watching = False
+_whole_group = True
+
+
+def exit_with_parent(*, children_too: bool = True, whole_group: bool = True) -> None:
+    """Kill this process's whole process group (only itself without ``whole_group``) as soon as this process is
+    orphaned (its parent died: its parent id changes to a reaper's). With ``children_too``, every child this
+    process forks from now on watches its own parent the same way (vLLM forks its engine cores: they die with the
+    gateway worker that started them). Idempotent."""
+    global _watching, _whole_group
+    if _watching:
+        return
+    _watching = True
+    _whole_group = whole_group
+    _watch(os.getppid())
+    if children_too:
+        os.register_at_fork(after_in_child=_watch_in_child)
+
+
+def _watch_in_child() -> None:
+    global _watching
+    _watching = True
+    _watch(os.getppid())
+
+
+def _watch(parent: int) -> None:
+    def run() -> None:
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_POLL_S)
+        if _whole_group:  # our group holds the server's sockets and engines: all of it goes
+            with contextlib.suppress(OSError):
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=run, name="exit-with-parent", daemon=True).start()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -58,7 +125,12 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True
+            dying_with_parent(self.cmd),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
         )
         return self
 

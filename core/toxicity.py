@@ -73,6 +73,14 @@ class CompiledProfanityScorer:
     def score(self, texts: Sequence[str]) -> list[float]:
         return [self._score_one(t) for t in texts]
 
+    def flaggable_prefixes(self, threshold: float) -> frozenset[str]:
+        """Every prefix of every vocabulary word that alone scores >= ``threshold`` (lowercase, as the vocabulary
+        is). The model sees unigrams only, so a word being written that is no such prefix can never become a word
+        the classifier flags: the post-filter may send it before it is finished."""
+        words = list(self._vocab)
+        flagged = [w for w, score in zip(words, self.score(words), strict=True) if score >= threshold]
+        return frozenset(w[:i] for w in flagged for i in range(1, len(w) + 1))
+
     def _score_one(self, text: str) -> float:
         counts: dict[int, int] = {}
         for token in self._analyze(text):

@@ -106,6 +106,11 @@ class EvalConfig(StrictModel):
     )
     seed: int = Field(1234, description="Seed of the eval-set draws, vLLM sampling and the bootstrap.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The vLLM engine used for evaluation.")
+    references: list[str] = Field(
+        default_factory=lambda: ["base_model"],
+        description="Lineage tags naming registered versions the gate report compares a version with, paired on "
+        "the same items (base_model: the model it was fine-tuned from). Shown, never gating.",
+    )
 
 
 def suite_path(ref: str) -> Path:

@@ -52,11 +52,35 @@ class BootstrapSpec(StrictModel):
     seed: int = Field(0, description="Seed of the resampling (the decision is reproducible).")
 
 
+class Measurement(StrictModel):
+    """What a model this policy is made for measured, on one CPU and precision: the evidence behind the floors."""
+
+    cpu: str = Field(description="Where it was trained and evaluated: CPU model and ISA class (avx2, avx512_bf16).")
+    dtype: Literal["float32", "bfloat16"] = Field(description="Precision of the eval engine (evals.engine.dtype).")
+    metrics: dict[str, tuple[float, float]] = Field(description="'suite/metric' -> [value, stderr] as measured.")
+
+    @model_validator(mode="after")
+    def _stderrs_positive(self) -> Measurement:
+        zero = [name for name, (_, stderr) in self.metrics.items() if not stderr > 0]
+        if zero:
+            raise ValueError(f"a measurement's stderr must be > 0 (a zero claims certainty): {', '.join(zero)}")
+        return self
+
+
 class GatePolicy(StrictModel):
     name: str = Field(description="Policy name, recorded with every decision.")
     description: str = Field("", description="What environment the thresholds are for.")
     bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec, description="The paired bootstrap.")
     rules: dict[str, Rule] = Field(description="Per metric ('suite/metric'): floor and/or regression tolerance.")
+    margin_se: float | None = Field(
+        None,
+        gt=0,
+        description="Every floor sits at least this many standard errors below (every ceiling above) each entry of "
+        "'measured', so the verdict does not flip with the CPU or the precision (checked by floor_margins).",
+    )
+    measured: list[Measurement] = Field(
+        default_factory=list, description="Measurements of the model this policy is for (scripts/calibrate_gate.py)."
+    )
 
 
 class PolicyFile(StrictModel):
@@ -65,6 +89,35 @@ class PolicyFile(StrictModel):
 
 def load_policy(path: Path) -> GatePolicy:
     return cfgio.load(PolicyFile, path, ()).gate
+
+
+@dataclass(frozen=True)
+class FloorMargin:
+    metric: str
+    cpu: str
+    dtype: str
+    value: float
+    stderr: float
+    bound: float  # the rule's min or max
+    margin_se: float  # how far on the passing side of the bound, in standard errors (negative: failing)
+
+
+def floor_margins(policy: GatePolicy, measurements: list[Measurement] | None = None) -> list[FloorMargin]:
+    """For every rule with a floor or ceiling and every measurement (default: the policy's own ``measured``): the
+    distance of the measured value from the bound, in its standard errors, positive on the passing side. A
+    measurement lacking a ruled metric raises: a floor without evidence is not a calibrated floor."""
+    out = []
+    for m in policy.measured if measurements is None else measurements:
+        for name, rule in policy.rules.items():
+            bound = rule.min if rule.min is not None else rule.max
+            if bound is None:
+                continue
+            if name not in m.metrics:
+                raise ConfigError(f"gate policy {policy.name}: the {m.cpu} {m.dtype} measurement lacks {name}")
+            value, stderr = m.metrics[name]
+            gap = value - bound if rule.min is not None else bound - value
+            out.append(FloorMargin(name, m.cpu, m.dtype, value, stderr, bound, gap / stderr))
+    return out
 
 
 @dataclass(frozen=True)

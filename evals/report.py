@@ -80,11 +80,15 @@ def mean_metric(
     description: str = "",
     repeats: Sequence[float] | None = None,
 ) -> MetricResult:
-    """A metric that is the plain mean of per-item scores, with the standard error of that mean."""
+    """A metric that is the plain mean of per-item scores, with the standard error of that mean (for 0/1
+    scores, a proportion, see ``proportion_stderr``)."""
     values = list(items.values())
     n = len(values)
     mean = sum(values) / n if n else float("nan")
-    stderr = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else None
+    if n and all(v in (0.0, 1.0) for v in values):
+        stderr: float | None = proportion_stderr(int(sum(values)), n)
+    else:
+        stderr = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else None
     return MetricResult(
         name=name,
         value=mean,
@@ -95,6 +99,15 @@ def mean_metric(
         repeats=list(repeats) if repeats is not None else None,
         description=description,
     )
+
+
+def proportion_stderr(successes: int, n: int) -> float:
+    """Standard error of a proportion, Agresti-Coull's "plus four" form: sqrt(p(1-p)/(n+4)) at
+    p = (successes+2)/(n+4). The plain sample formula is 0 at 0/n and n/n, which would claim that 12 refusals
+    out of 12 pin the rate exactly and make any margin "in standard errors" empty; this one stays honest there
+    and is within a few percent of the plain one in between."""
+    p = (successes + 2) / (n + 4)
+    return math.sqrt(p * (1 - p) / (n + 4))
 
 
 def weighted_value(items: Mapping[str, float], weights: Mapping[str, float] | None, keys: Sequence[str]) -> float:

@@ -3,12 +3,12 @@
     sets = build_eval_sets(snapshot, generator_cfg, suites, seed=1234, root=home.root / "evals" / "sets")
 
 Held out means: no prompt of an eval set occurs (as ``loose_text``) in any user turn of the snapshot's train or
-validation split. Items come from the data generator's pools and draws on their own seeded stream (facts asked
-in phrasings the model did not train on, harmful requests as unseen template x subject pairs, ...), and
-perplexity uses the single-turn conversations of the snapshot's test split. The folder is named by the hash of
-its manifest (every file's SHA-256 plus the suite parameters that shaped it), so the same snapshot, generator
-config, suites and seed give the same folder on any machine, and two models evaluated on the same hash saw the
-same items.
+validation split. Items come from the data generator's pools and draws on their own seeded stream (only facts the
+train split teaches, asked in phrasings no training record uses; harmful requests as unseen template x subject
+pairs, ...), and perplexity uses the single-turn conversations of the snapshot's test split. The folder is
+named by the hash of its manifest (every file's SHA-256 plus the suite parameters that shaped it), so the same
+snapshot, generator config, suites and seed give the same folder on any machine, and two models evaluated on the
+same hash saw the same items.
 
 The lm-eval task YAMLs of ``evals/tasks/`` are materialized next to the data (their ``{data_dir}`` filled in),
 so ``include_path`` points lm-eval at this folder.
@@ -69,10 +69,22 @@ def _item_id(*parts: str) -> str:
     return sha256_json(list(parts))[:16]
 
 
-def _exact_items(gen: GeneratorConfig, suite: QualitySuite, seen: set[str]) -> list[dict[str, Any]]:
+def _taught_replies(snapshot: Snapshot) -> set[str]:
+    return {
+        m["content"] for record in snapshot.records("train") for m in record["messages"] if m["role"] == "assistant"
+    }
+
+
+def _exact_items(gen: GeneratorConfig, suite: QualitySuite, seen: set[str], taught: set[str]) -> list[dict[str, Any]]:
+    """Held-out prompts per skill; a fact is asked only when the train split teaches it (its reference reply is
+    an assistant turn there), in a phrasing no training record uses (``training.synth.held_out``)."""
+
+    def is_taught(record: dict[str, Any]) -> bool:
+        return record["metadata"]["skill"] != "facts" or record["messages"][1]["content"] in taught
+
     rows = []
     for skill in suite.skills:
-        for rec in held_out(gen, skill, suite.items_per_skill, seen, STREAM):
+        for rec in held_out(gen, skill, suite.items_per_skill, seen, STREAM, accept=is_taught):
             user, reply = rec["messages"][0]["content"], rec["messages"][1]["content"]
             answer = rec["metadata"]["answer"]
             rows.append(
@@ -89,7 +101,8 @@ def _distractors(row: dict[str, Any], answers_by_skill: dict[str, list[str]], rn
         pool = sorted({a for a in answers_by_skill[row["skill"]] if a != answer})
     pool = [a for a in dict.fromkeys(pool) if a != answer]
     rng.shuffle(pool)
-    return [row["target"].replace(answer, wrong) for wrong in pool[:3]]
+    head, _, tail = row["target"].rpartition(answer)  # the stated answer (the last one), not digits of a working
+    return [head + wrong + tail for wrong in pool[:3]]
 
 
 def _choice_items(exact: list[dict[str, Any]], suite: QualitySuite, seed: int) -> list[dict[str, Any]]:
@@ -191,7 +204,7 @@ def build_eval_sets(
     files: dict[str, list[dict[str, Any]]] = {}
     for suite in suites:
         if isinstance(suite, QualitySuite):
-            exact = _exact_items(gen, suite, seen)
+            exact = _exact_items(gen, suite, seen, _taught_replies(snapshot))
             files["quality_exact.jsonl"] = exact
             files["quality_choice.jsonl"] = _choice_items(exact, suite, seed)
             files["quality_perplexity.jsonl"] = _perplexity_items(snapshot, suite)

@@ -59,6 +59,7 @@ def evaluate_flow(cfg: LifecycleConfig, home: Home, ref: str, force: bool = Fals
         metrics=outcome.report.summary(),
         seconds_per_suite={s.name: s.seconds for s in outcome.report.suites},
         report_dir=str(outcome.files["decision"].parent),
+        references=[gating.reference_json(r) for r in outcome.references],
     )
 
 

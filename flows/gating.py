@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from core.errors import NotFoundError
 from core.home import Home
+from evals.compare import PairedComparison, compare, render_comparison
 from evals.config import REPO, load_suite
 from evals.gate import GateDecision, GatePolicy, decide, load_policy, render_markdown
 from evals.report import EvalReport, SuiteResult, load_report
@@ -26,9 +27,19 @@ from evals.sets import EvalSets, Suite, build_eval_sets
 from flows.config import LifecycleConfig
 from flows.stages import CANDIDATE, CHAMPION, open_registry
 from registry.gate import GateRecord, record_gate
-from registry.store import ModelVersion
+from registry.store import REF_PATTERN, ModelVersion
 from training.modelio import merge_adapter
 from training.snapshot import load_snapshot
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A version the gate report compares the gated one with (``evals.references``), paired on the same items."""
+
+    tag: str  # the lineage tag that names it (base_model, ...)
+    ref: str  # chat-base/1
+    report: EvalReport
+    rows: list[PairedComparison]
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,7 @@ class GateOutcome:
     run_id: str
     markdown: str
     files: dict[str, Path]
+    references: list[Reference] = field(default_factory=list)
 
 
 def eval_suites(cfg: LifecycleConfig) -> list[Suite]:
@@ -140,7 +152,11 @@ def gate_stage(
         evaluate_stage(cfg, home, champion.ref, sets=sets, force=force, on_suite=on_suite) if champion else None
     )
     decision = decide(report, champion_report, policy)
-    markdown = render_markdown(decision, report)
+    references = _references(cfg, home, mv, report, sets, policy, force=force, on_suite=on_suite)
+    markdown = render_markdown(decision, report) + "".join(
+        "\n" + render_comparison(f"Against {r.tag} {r.ref}", r.ref, r.rows, policy.bootstrap.confidence)
+        for r in references
+    )
     folder = home.reports / "gates" / f"{mv.name}-{mv.version}"
     if folder.exists():  # a re-gate replaces the previous files (the MLflow runs keep every decision)
         shutil.rmtree(folder)
@@ -150,11 +166,14 @@ def gate_stage(
         "markdown": folder / "gate.md",
         "report": folder / "report.json",
     }
-    files["decision"].write_text(json.dumps(decision.to_json(), indent=2) + "\n", encoding="utf-8")
+    gate_json = {**decision.to_json(), "references": [reference_json(r) for r in references]}
+    files["decision"].write_text(json.dumps(gate_json, indent=2) + "\n", encoding="utf-8")
     files["markdown"].write_text(markdown, encoding="utf-8")
     report.save(files["report"])
     if champion_report is not None:
         files["champion_report"] = champion_report.save(folder / "champion_report.json")
+    for r in references:
+        files[f"{r.tag}_report"] = r.report.save(folder / f"{r.tag}_report.json")
     artifacts = {"gate": folder}  # gate.json, gate.md, report.json (+ champion_report.json)
     record = GateRecord(
         passed=decision.passed,
@@ -172,7 +191,39 @@ def gate_stage(
     run_id = record_gate(reg, mv.name, mv.version, record, actor=actor)
     if not decision.passed and CANDIDATE in mv.aliases:
         reg.remove_alias(mv.name, CANDIDATE, reason=f"gate {decision.summary}", actor=actor)
-    return GateOutcome(reg.get(mv.name, mv.version), decision, report, champion_report, run_id, markdown, files)
+    return GateOutcome(
+        reg.get(mv.name, mv.version), decision, report, champion_report, run_id, markdown, files, references
+    )
+
+
+def _references(
+    cfg: LifecycleConfig,
+    home: Home,
+    mv: ModelVersion,
+    report: EvalReport,
+    sets: EvalSets,
+    policy: GatePolicy,
+    *,
+    force: bool,
+    on_suite: Callable[[SuiteResult], None] | None,
+) -> list[Reference]:
+    """The versions ``evals.references`` names through ``mv``'s lineage, evaluated on the same sets (stored reports
+    are reused: a base model is evaluated once for all the versions trained from it) and compared pair by pair.
+    A lineage value that is not a registered version (an external base folder) is skipped."""
+    out = []
+    reg = open_registry(cfg, home)
+    for tag in cfg.evals.references:
+        ref = mv.lineage.get(tag)
+        if not ref or not REF_PATTERN.match(ref):
+            continue
+        other = evaluate_stage(cfg, home, ref, sets=sets, force=force, on_suite=on_suite)
+        out.append(Reference(tag, reg.parse(ref).ref, other, compare(report, other, policy.bootstrap)))
+    return out
+
+
+def reference_json(r: Reference) -> dict[str, object]:
+    rows = [{**asdict(c), "direction": c.direction} for c in r.rows]
+    return {"tag": r.tag, "ref": r.ref, "rows": rows}
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,9 @@ class GateSummary:
     metrics: dict[str, float]
     seconds_per_suite: dict[str, float]
     report_dir: str
+    # the versions evals.references names, compared on the same items: {tag, ref, rows: [{metric, value,
+    # reference_value, improvement, ci_low, ci_high, n_paired, direction}]}
+    references: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

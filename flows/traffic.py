@@ -39,12 +39,16 @@ def profile_mix(gen: GeneratorConfig, profile: str) -> dict[str, float]:
 
 
 def traffic_prompts(gen: GeneratorConfig, profile: str, n: int, seed: int = 0) -> list[str]:
-    """``n`` user prompts in the profile's skill mix, held out from training by their own generator stream."""
+    """``n`` user prompts in the profile's skill mix, drawn by their own generator stream. Users ask facts in the
+    phrasings the data has (the eval's held-out phrasings would read as drift against the training prompts)."""
     if profile not in PROFILES:
         raise ConfigError(f"unknown traffic profile {profile!r}: use one of {', '.join(PROFILES)}")
     mix = profile_mix(gen, profile)
     pools = {
-        skill: [r["messages"][0]["content"] for r in held_out(gen, skill, max(8, n), set(), f"{STREAM}:{seed}")]
+        skill: [
+            r["messages"][0]["content"]
+            for r in held_out(gen, skill, max(8, n), set(), f"{STREAM}:{seed}", held_out_phrasings=False)
+        ]
         for skill in mix
     }
     rng = random.Random(f"{profile}:{seed}")

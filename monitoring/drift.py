@@ -446,6 +446,8 @@ def _embedding_drift(ref: NDArray[np.float64], cur: NDArray[np.float64], cfg: Dr
 
     bootstrap = cfg.embedding_bootstrap if cfg.embedding_bootstrap is not None else len(ref) < _BOOTSTRAP_BELOW
     kwargs: dict[str, Any] = {"pca_components": cfg.embedding_pca_components}
+    if bootstrap and cfg.embedding_method in ("model", "distance"):  # mmd's bootstrap reads its own as a p-value
+        kwargs["quantile_probability"] = cfg.embedding_quantile
     if cfg.embedding_threshold is not None:
         kwargs["threshold"] = cfg.embedding_threshold
     method: DriftMethod

@@ -4,62 +4,77 @@
 
 Routes (OpenAI's first, then ours, marked as extensions in the OpenAPI tags):
     POST /v1/chat/completions     streaming (SSE) and non-streaming
+    POST /v1/completions          text completions with logprobs and echo (serving.completions)
     GET  /v1/models
     GET  /v1/conversations, GET/DELETE /v1/conversations/{id}     (extension)
     GET  /v1/usage                                                 (extension)
-    GET  /healthz /readyz /metrics, GET / (the chat page)
+    GET|HEAD /healthz /readyz, GET /metrics, GET / (the chat page)
 
-Every response carries ``x-request-id``; answers carry ``x-model-version``. Errors are OpenAI-shaped JSON.
+Every response carries ``x-request-id``; answers carry ``x-model-version``. Errors are OpenAI-shaped JSON with the
+right 4xx status for anything a client sent (``serving.errors``), counted and logged by ``serving.http``; the
+OpenAPI document at ``/openapi.json`` declares every body and every error answer (``serving.openapi``).
 """
 
 from __future__ import annotations
 
-import logging
+import hmac
+import os
 import time
+from collections.abc import Awaitable, Callable
 from datetime import date
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from starlette.datastructures import MutableHeaders
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.routing import Match
 
 from core.errors import NotFoundError
-from serving.errors import APIError, bad_request, error_body, not_found, unavailable
-from serving.gateway import Gateway, new_request_id
+from serving import chat, completions, openapi
+from serving.body import read_json
+from serving.call import Call
+from serving.errors import APIError, bad_request, error_body, not_found, unauthorized, unavailable
+from serving.gateway import Gateway
+from serving.http import REQUEST_ID, GatewayMiddleware, set_error_code
+from serving.protocol import ChatCompletionRequest
 
 if TYPE_CHECKING:
     from serving.runtime import GatewayRuntime
 
-log = logging.getLogger("lifecycle.serving")
 PAGE = Path(__file__).resolve().parent / "web" / "index.html"
-REQUEST_ID = "x-request-id"
+R = TypeVar("R")  # a parsed request
+P = TypeVar("P")  # what preparing it gives
 
 
 def create_app(runtime: GatewayRuntime) -> FastAPI:
     app = FastAPI(title="chat-lifecycle gateway", version="1", docs_url="/docs", redoc_url=None)
     app.state.runtime = runtime
+    cfg = runtime.spec.serving
 
     def gateway() -> Gateway:
         if not runtime.loaded:
-            raise unavailable("The gateway is still loading its engines; retry shortly (GET /readyz)")
+            raise unavailable(
+                "The gateway is still loading its engines; retry shortly (GET /readyz)", cfg.limits.retry_after_s
+            )
         return runtime.gateway
 
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(GatewayMiddleware, metrics=runtime.gateway.metrics)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        runtime.gateway.metrics.errors.labels(str(exc.status), exc.code or exc.type).inc()
-        return exc.response({REQUEST_ID: getattr(request.state, "request_id", "")})
+        set_error_code(request.scope, exc.label)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"][1:])
+        set_error_code(request.scope, "invalid_value")
         return JSONResponse(
             error_body(f"Invalid request: {param}: {first['msg']}", "invalid_request_error", "invalid_value", param),
             status_code=422,
@@ -68,49 +83,52 @@ def create_app(runtime: GatewayRuntime) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, f"http_{exc.status_code}")
+        set_error_code(request.scope, code)
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        return JSONResponse(error_body(message, kind, str(exc.status_code)), status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def crash(request: Request, exc: Exception) -> JSONResponse:
-        rid = getattr(request.state, "request_id", "")
-        log.exception("unhandled error in %s %s (request %s)", request.method, request.url.path, rid)
-        body = error_body(f"The server had an error processing request {rid}; it has been logged.", "server_error")
-        return JSONResponse(body, status_code=500, headers={REQUEST_ID: rid})
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path, not only the first route's (GET and DELETE of one id)
+            headers["Allow"] = ", ".join(sorted(_methods(app, request.scope)))
+        return JSONResponse(error_body(message, kind, code), status_code=exc.status_code, headers=headers)
 
     # --- OpenAI -------------------------------------------------------------------------------------------
 
-    @app.post("/v1/chat/completions", tags=["openai"])
+    @app.post(
+        "/v1/chat/completions",
+        tags=["openai"],
+        response_model=None,
+        responses=openapi.answers(openapi.ChatCompletion, openapi.BODY_ERRORS),
+        openapi_extra=openapi.body(ChatCompletionRequest, streams=True),
+    )
     async def chat_completions(request: Request) -> Response:
-        rid = request.state.request_id
         gw = gateway()
-        started = time.monotonic()
-        key = await gw.authenticate(request.headers.get("authorization"))
-        model = "?"
-        try:
-            gw.check_rate(key)
-            req = gw.parse(await request.body())
-            model = req.model
-            call = await gw.prepare(key, req, rid)
-        except APIError as exc:
-            await anyio.to_thread.run_sync(gw.log_rejected, rid, key, model, exc, started)
-            raise
-        headers = call.headers()
+        req, call = await _admit(request, gw, gw.parse, gw.prepare)
         if req.stream:
-            return StreamingResponse(
-                gw.sse(call),
-                media_type="text/event-stream",
-                headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
-            )
-        try:
-            body = await _until_disconnect(request, gw.complete(call))
-        finally:
-            gw.finish(call)
-        if body is None:  # the client left: nothing to send
-            return Response(status_code=499, headers=headers)
-        return JSONResponse(body, headers=headers)
+            return _sse(chat.sse(gw, call), call.headers())
+        return await _answer(request, gw, [call], chat.complete(gw, call), call.headers())
 
-    @app.get("/v1/models", tags=["openai"])
+    @app.post(
+        "/v1/completions",
+        tags=["openai"],
+        response_model=None,
+        responses=openapi.answers(openapi.Completion, openapi.BODY_ERRORS),
+        openapi_extra=openapi.body(completions.CompletionRequest, streams=True),
+    )
+    async def text_completions(request: Request) -> Response:
+        request.state.request_id = "cmpl-" + request.state.request_id.split("-", 1)[1]
+        gw = gateway()
+        req, calls = await _admit(request, gw, partial(completions.parse, gw), partial(completions.prepare, gw))
+        headers = {**calls[0].headers(), REQUEST_ID: request.state.request_id}
+        if req.stream:
+            return _sse(completions.sse(gw, req, calls[0]), headers)
+        return await _answer(request, gw, calls, completions.complete(gw, req, calls), headers)
+
+    @app.get(
+        "/v1/models",
+        tags=["openai"],
+        response_model=None,
+        responses=openapi.answers(openapi.ModelList, openapi.ROUTE_ERRORS),
+    )
     async def models(request: Request) -> dict[str, Any]:
         gw = gateway()
         await gw.authenticate(request.headers.get("authorization"))
@@ -141,16 +159,35 @@ def create_app(runtime: GatewayRuntime) -> FastAPI:
 
     # --- our extensions -----------------------------------------------------------------------------------
 
-    @app.get("/v1/conversations", tags=["extension"])
+    @app.get(
+        "/v1/conversations",
+        tags=["extension"],
+        response_model=None,
+        responses=openapi.answers(openapi.ConversationList, openapi.ROUTE_ERRORS),
+    )
     async def list_conversations(request: Request, limit: int = 20, before: str | None = None) -> dict[str, Any]:
         gw = gateway()
         key = await _key(gw, request)
         if not 1 <= limit <= 100:
             raise bad_request("limit must be between 1 and 100", param="limit")
-        convs = await anyio.to_thread.run_sync(lambda: gw.store.list_conversations(key.id, limit=limit, before=before))
+        try:
+            convs = await anyio.to_thread.run_sync(
+                lambda: gw.store.list_conversations(key.id, limit=limit, before=before)
+            )
+        except NotFoundError:  # a cursor that is not one of this key's conversations (another key's looks the same)
+            raise bad_request(
+                f"before must be the id of one of your conversations (the last of the previous page), got {before!r}",
+                code="invalid_cursor",
+                param="before",
+            ) from None
         return {"object": "list", "data": [_conversation(c, messages=False) for c in convs]}
 
-    @app.get("/v1/conversations/{conversation_id}", tags=["extension"])
+    @app.get(
+        "/v1/conversations/{conversation_id}",
+        tags=["extension"],
+        response_model=None,
+        responses=openapi.answers(openapi.ConversationOut, openapi.ROUTE_ERRORS),
+    )
     async def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
         gw = gateway()
         key = await _key(gw, request)
@@ -160,7 +197,12 @@ def create_app(runtime: GatewayRuntime) -> FastAPI:
             raise not_found(str(exc), code="conversation_not_found") from None
         return _conversation(conv, messages=True)
 
-    @app.delete("/v1/conversations/{conversation_id}", tags=["extension"])
+    @app.delete(
+        "/v1/conversations/{conversation_id}",
+        tags=["extension"],
+        response_model=None,
+        responses=openapi.answers(openapi.ConversationDeleted, openapi.ROUTE_ERRORS),
+    )
     async def delete_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
         gw = gateway()
         key = await _key(gw, request)
@@ -170,7 +212,12 @@ def create_app(runtime: GatewayRuntime) -> FastAPI:
             raise not_found(str(exc), code="conversation_not_found") from None
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
-    @app.get("/v1/usage", tags=["extension"])
+    @app.get(
+        "/v1/usage",
+        tags=["extension"],
+        response_model=None,
+        responses=openapi.answers(openapi.UsageList, openapi.ROUTE_ERRORS),
+    )
     async def usage(request: Request, start: str | None = None, end: str | None = None) -> dict[str, Any]:
         gw = gateway()
         key = await _key(gw, request)
@@ -191,49 +238,115 @@ def create_app(runtime: GatewayRuntime) -> FastAPI:
 
     # --- operations ---------------------------------------------------------------------------------------
 
-    @app.get("/healthz", tags=["ops"])
+    @app.api_route(
+        "/healthz",
+        methods=["GET", "HEAD"],
+        tags=["ops"],
+        response_model=None,
+        responses=openapi.answers(openapi.Health, {}),
+        openapi_extra=openapi.NO_KEY,
+    )
     async def healthz() -> dict[str, str]:
         return {"status": "alive"}
 
-    @app.get("/readyz", tags=["ops"])
+    @app.api_route(
+        "/readyz",
+        methods=["GET", "HEAD"],
+        tags=["ops"],
+        response_model=None,
+        responses=openapi.answers(
+            openapi.Readiness,
+            {503: {"model": openapi.Readiness, "description": "Not ready: starting, failed or unavailable"}},
+        ),
+        openapi_extra=openapi.NO_KEY,
+    )
     async def readyz() -> JSONResponse:
         status, body = runtime.readiness()
-        return JSONResponse(body, status_code=status)
+        headers = {"Retry-After": str(cfg.limits.retry_after_s)} if status == 503 else None
+        return JSONResponse(body, status_code=status, headers=headers)
 
-    @app.get("/metrics", tags=["ops"])
-    async def metrics() -> Response:
+    @app.get(
+        "/metrics",
+        tags=["ops"],
+        response_class=Response,
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"},
+            401: openapi.CLIENT_ERRORS[401],
+        },
+        openapi_extra=openapi.OPTIONAL_KEY,  # serving.metrics.token_env decides
+    )
+    async def metrics(request: Request) -> Response:
+        token_env = cfg.metrics.token_env
+        token = os.environ.get(token_env) if token_env else None
+        if token_env and not hmac.compare_digest(request.headers.get("authorization") or "", f"Bearer {token}"):
+            raise unauthorized(f"/metrics needs 'Authorization: Bearer <token>' (the token in ${token_env})")
         runtime.update_gauges()
-        return Response(runtime.gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        text = await anyio.to_thread.run_sync(runtime.gateway.metrics.render)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> HTMLResponse:
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
+    openapi.install(app, [ChatCompletionRequest, completions.CompletionRequest])
     return app
 
 
-class RequestIdMiddleware:
-    """Give every request an id (``request.state.request_id``) and every response the ``x-request-id`` header.
-    Plain ASGI rather than ``BaseHTTPMiddleware``, which would sit between a stream and its disconnect."""
+def _methods(app: FastAPI, scope: Any) -> set[str]:
+    methods: set[str] = set()
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.matches(scope)[0] != Match.NONE:
+            methods |= route.methods
+    return methods
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        rid = new_request_id()
-        scope.setdefault("state", {})["request_id"] = rid
+def _sse(events: Any, headers: dict[str, str]) -> StreamingResponse:
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
+    )
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                if REQUEST_ID not in headers:
-                    headers.append(REQUEST_ID, rid)
-            await send(message)
 
-        await self.app(scope, receive, send_with_id)
+async def _admit(
+    request: Request,
+    gw: Gateway,
+    parse: Callable[[dict[str, Any]], R],
+    prepare: Callable[[Any, R, str], Awaitable[P]],
+) -> tuple[R, P]:
+    """Key, rate, body, parse and prepare, in that order; a refusal on the way leaves a request-log row."""
+    rid = request.state.request_id
+    started = time.monotonic()
+    key = await gw.authenticate(request.headers.get("authorization"))
+    model = "?"
+    try:
+        gw.check_rate(key)
+        req = parse(await read_json(request, gw.cfg.limits))
+        model = getattr(req, "model", model)
+        return req, await prepare(key, req, rid)
+    except APIError as exc:
+        await anyio.to_thread.run_sync(gw.log_rejected, rid, key, model, exc, started)
+        raise
+
+
+async def _answer(request: Request, gw: Gateway, calls: list[Call], work: Any, headers: dict[str, str]) -> Response:
+    """A non-streaming answer, or a 499 nobody reads when the client left first (its engine requests are then
+    aborted). Every call is recorded once, with the status its client was told."""
+    try:
+        body = await _until_disconnect(request, work)
+        return JSONResponse(body, headers=headers) if body is not None else Response(status_code=499, headers=headers)
+    except APIError as exc:
+        for call in calls:
+            call.status, call.http_status = "error", exc.status
+        raise
+    except Exception as exc:
+        for call in calls:
+            gw.crashed(call, exc)
+            call.http_status = 500
+        raise
+    finally:
+        for call in calls:
+            gw.finish(call)
 
 
 async def _key(gw: Gateway, request: Request) -> Any:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from serving import protocol
 from serving.brownout import BrownoutDecision
+from serving.engine import TokenLogprob
 from serving.router import ServedModel
 from serving.shadow import ShadowRun
 from serving.store import ApiKey
@@ -20,14 +21,15 @@ class Call:
     request_id: str
     started: float
     key: ApiKey | None
-    request: protocol.ChatCompletionRequest
+    request: protocol.SamplingRequest  # a ChatCompletionRequest, or a CompletionRequest (serving.completions)
     served: ServedModel
     route: str  # primary | canary | canary-unavailable | fallback | brownout | brownout-fallback
     brownout: BrownoutDecision
     prompt_ids: list[int]
     max_tokens: int
-    new_messages: list[dict[str, str]]
+    new_messages: list[dict[str, str]]  # the turns this request adds (chat); empty for text completions
     conversation_id: str | None
+    prompt_text: str = ""  # what the request log keeps of the prompt: the newest user turn, or the text prompt
     assigned: str | None = None  # the version the routing chose (the split's champion or canary), before fallback
     new_conversation: bool = False  # conversation_id is made up front; the conversation exists once accepted
     shadow: ServedModel | None = None  # the shadow version this request may be mirrored to
@@ -41,6 +43,11 @@ class Call:
     pre_filter: str | None = None
     post_filter: str | None = None
     error: str | None = None
+    http_status: int = 200  # what the client was told: a stream failing after its 200 carries its error's status
+    want_logprobs: int | None = None  # text completions: top candidates per generated token (None: no logprobs)
+    want_prompt_logprobs: int | None = None  # text completions with echo: the same for the prompt's tokens
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when the request asked
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     finished: bool = False
     ended: float | None = None
     created: int = field(default_factory=lambda: int(time.time()))

@@ -103,12 +103,6 @@ class SafetyConfig(StrictModel):
         description="Regular expressions the reply must never contain (secrets, internal names ...), checked by "
         "the post-filter in addition to the classifier.",
     )
-    holdback_chars: int = Field(
-        48,
-        ge=1,
-        description="Streamed text is released only once this many later characters have been generated and "
-        "checked (and at the end): no prefix of a blocked string shorter than this can leak.",
-    )
     refusal_text: str = Field(
         "I'm sorry, but I can't help with that request.",
         description="The answer a prompt blocked by the pre-filter gets (finish_reason content_filter).",
@@ -116,6 +110,48 @@ class SafetyConfig(StrictModel):
     stopped_text: str = Field(
         "[This response was stopped by the safety filter.]",
         description="What ends a reply the post-filter stopped (finish_reason content_filter).",
+    )
+    kept_out_note: str = Field(
+        "(This message and its reply are kept out of the conversation: later messages will not see them.)",
+        description="Added to the refusal or stop text when the blocked turn belongs to a stored conversation: the "
+        "turn is stored and shown in its history, marked, but never sent to the model or judged again.",
+    )
+
+
+class RequestLimits(StrictModel):
+    """What one request may ask for, checked before any work is done on it (a client error: 4xx)."""
+
+    max_body_bytes: int = Field(
+        1_048_576,
+        ge=1024,
+        description="Largest request body accepted, in bytes (413 beyond), checked against Content-Length before "
+        "the body is read and again while it is read.",
+    )
+    max_json_depth: int = Field(
+        32, ge=4, le=512, description="Deepest nesting of arrays and objects a JSON body may have (400 beyond)."
+    )
+    max_messages: int = Field(
+        256,
+        ge=1,
+        description="Most messages one chat request may carry (400 beyond), checked before the conversation is "
+        "tokenized; a stored conversation longer than the window is trimmed as the context budget says.",
+    )
+    max_stop_sequences: int = Field(16, ge=1, description="Most stop strings one request may set (400 beyond).")
+    max_prompts: int = Field(16, ge=1, description="Most prompts one /v1/completions request may carry (400 beyond).")
+    retry_after_s: int = Field(
+        5,
+        ge=1,
+        description="Retry-After of a 503 (the gateway still loading, no healthy engine): when a client may try "
+        "again; an engine restart takes about half a minute on a CPU.",
+    )
+
+
+class MetricsConfig(StrictModel):
+    token_env: str | None = Field(
+        None,
+        description="Name of an environment variable holding a token that GET /metrics then requires "
+        "('Authorization: Bearer <token>'); null: /metrics is open (bind the gateway to a private interface or "
+        "scrape it through a proxy). The token itself never goes in YAML.",
     )
 
 
@@ -194,6 +230,8 @@ class ServingConfig(StrictModel):
     api_keys: ApiKeysConfig = Field(default_factory=ApiKeysConfig, description="API keys and rate limits.")
     context: ContextConfig = Field(default_factory=ContextConfig, description="Context budget.")
     safety: SafetyConfig = Field(default_factory=SafetyConfig, description="Pre- and post-filters.")
+    limits: RequestLimits = Field(default_factory=RequestLimits, description="Request size and shape limits.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Who may read GET /metrics.")
     brownout: BrownoutConfig = Field(default_factory=BrownoutConfig, description="Load shedding.")
     slo: SloConfig = Field(default_factory=SloConfig, description="Latency targets behind the goodput metric.")
     shadow: ShadowConfig = Field(

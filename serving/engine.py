@@ -1,8 +1,9 @@
 """Inference engines behind one Protocol: vLLM's ``AsyncLLM`` in this process, and what the gateway needs of it.
 
 The gateway knows nothing of vLLM: it calls ``Engine.generate(GenerationRequest)`` and gets ``Delta``s (new text,
-new token count, finish reason), calls ``abort`` when a client goes away, and reads ``state``/``queue_depth``
-for readiness and brownout. Unit tests use fakes implementing the same Protocol.
+new token count, finish reason; log-probabilities when asked, for ``/v1/completions``), calls ``abort`` when a
+client goes away, and reads ``state``/``queue_depth`` for readiness and brownout, ``vocab_size`` to validate
+``logit_bias``. Unit tests use fakes implementing the same Protocol.
 
 One ``VllmEngine`` per set of base weights: LoRA versions are adapters on their base's engine (``enable_lora``),
 so champion, canary and shadow adapters cost one engine; a full fine-tune gets its own.
@@ -46,6 +47,19 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     adapter: Adapter | None = None
+    logprobs: int | None = None  # top candidates per generated token (0: the sampled token's own only); None: off
+    prompt_logprobs: int | None = None  # the same for every prompt token (the first has none); None: off
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability, as the OpenAI completions API reports it: the token's text, its logprob, and
+    the top candidates at that position (text -> logprob, the chosen token among them)."""
+
+    token_id: int
+    text: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,8 @@ class Delta:
     text: str
     new_tokens: int
     finish_reason: str | None = None  # "stop", "length", "abort" on the last delta
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for them
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # on the first delta, when asked (first: None)
 
 
 class EngineDead(RuntimeError):
@@ -64,10 +80,13 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, **kwargs: Any) -> list[int]: ...
 
+    def decode(self, token_ids: Any, **kwargs: Any) -> str: ...
+
 
 class Engine(Protocol):
     key: str  # identity of the weights it serves
     max_model_len: int
+    vocab_size: int  # token ids are 0 .. vocab_size - 1 (logit_bias and token prompts are checked against it)
     tokenizer: Tokenizer
 
     @property
@@ -117,6 +136,14 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(line.partition(":")[2].split())
 
 
+def engine_label(key: str) -> str:
+    """A short, bounded name of an engine for metrics and logs: its kind and weights hash prefix, and the version it
+    is dedicated to (``lora:61f5255c9d40``, ``full:61f5255c9d40#chat/3``); never a file path."""
+    kind, _, rest = key.partition(":")
+    weights, sep, dedicated = rest.partition("#")
+    return f"{kind}:{weights[:12]}{sep}{dedicated}"
+
+
 def engine_dtype(requested: Dtype) -> Dtype:
     from vllm.platforms import current_platform
 
@@ -137,6 +164,7 @@ class VllmEngine:
         self._running: set[str] = set()
         self._adapter_use: dict[int, int] = {}  # adapter id -> requests in flight with it
         self.max_model_len = 0
+        self.vocab_size = 0
         self.tokenizer: Any = None
         self.started_s: float | None = None
 
@@ -155,6 +183,7 @@ class VllmEngine:
             max_loras=s.max_loras,
             max_lora_rank=s.max_lora_rank,
             seed=s.seed,
+            served_model_name=engine_label(self.key),  # vLLM labels its metrics with it: the folder path otherwise
         )
         if s.max_model_len:
             args.max_model_len = s.max_model_len
@@ -164,6 +193,7 @@ class VllmEngine:
             self._state = "dead"
             raise
         self.max_model_len = int(self._llm.model_config.max_model_len)
+        self.vocab_size = int(self._llm.model_config.get_vocab_size())
         self.tokenizer = self._llm.get_tokenizer()
         self.started_s = time.monotonic() - t0
         self._state = "ready"
@@ -208,6 +238,8 @@ class VllmEngine:
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
             logit_bias=request.logit_bias or None,
+            logprobs=request.logprobs,
+            prompt_logprobs=request.prompt_logprobs,
             output_kind=RequestOutputKind.DELTA,
         )
         adapter = request.adapter
@@ -224,7 +256,13 @@ class VllmEngine:
                     self._waiting.discard(rid)
                     self._running.add(rid)
                 piece = out.outputs[0]
-                yield Delta(piece.text, len(piece.token_ids), piece.finish_reason if out.finished else None)
+                yield Delta(
+                    piece.text,
+                    len(piece.token_ids),
+                    piece.finish_reason if out.finished else None,
+                    _logprobs(piece.token_ids, piece.logprobs) if request.logprobs is not None else (),
+                    _prompt_logprobs(out) if request.prompt_logprobs is not None else None,
+                )
         except EngineDeadError as exc:
             self._state = "dead"
             raise EngineDead(f"engine {self.key[:12]} died: {exc}") from exc
@@ -257,6 +295,26 @@ class VllmEngine:
         if self._llm is not None:
             self._llm.shutdown()
         self._state = "stopped"
+
+
+def _token(token_id: int, candidates: Any) -> TokenLogprob:
+    """One position of vLLM's logprobs (token id -> Logprob with its decoded text), the chosen token first."""
+    chosen = candidates[token_id]
+    top = tuple((lp.decoded_token or "", max(lp.logprob, -9999.0)) for lp in candidates.values())
+    return TokenLogprob(token_id, chosen.decoded_token or "", max(chosen.logprob, -9999.0), top)
+
+
+def _logprobs(token_ids: Sequence[int], logprobs: Any) -> tuple[TokenLogprob, ...]:
+    return tuple(_token(t, logprobs[i]) for i, t in enumerate(token_ids)) if logprobs is not None else ()
+
+
+def _prompt_logprobs(out: Any) -> tuple[TokenLogprob | None, ...] | None:
+    """The prompt's logprobs, which vLLM sends with the first output of a request only."""
+    if out.prompt_logprobs is None:
+        return None
+    return tuple(
+        None if lp is None else _token(t, lp) for t, lp in zip(out.prompt_token_ids, out.prompt_logprobs, strict=False)
+    )
 
 
 async def close_stream(stream: AsyncIterator[Delta]) -> None:

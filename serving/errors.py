@@ -1,15 +1,21 @@
 """Errors at the HTTP boundary, OpenAI-shaped: ``{"error": {"message", "type", "param", "code"}}``.
 
     APIError                         raised anywhere below the routes; the app turns it into JSON + status
-    ├── 400 invalid_request_error    malformed JSON, unsupported parameter, prompt over the context budget
+    ├── 400 invalid_request_error    malformed JSON (not UTF-8, nested too deep, a lone surrogate), an unsupported
+    │                                or out-of-range parameter, no user turn, a prompt over the context budget
     ├── 401 authentication_error     missing, unknown or revoked key
-    ├── 404 not_found_error          unknown model or conversation (another key's conversation is a 404 too)
+    ├── 404 not_found_error          unknown model, route or conversation (another key's conversation is a 404 too)
+    ├── 405 invalid_request_error    a method the route does not have (with ``Allow``)
+    ├── 413 invalid_request_error    a body over ``serving.limits.max_body_bytes``
+    ├── 415 invalid_request_error    a body that is not declared ``application/json``
     ├── 422 invalid_request_error    a body that is JSON but breaks the schema (field named in ``param``)
     ├── 429 rate_limit_error         over the key's request or token limit, with ``Retry-After``
-    └── 503 service_unavailable      no healthy engine can answer (never for client mistakes)
+    └── 503 service_unavailable      no healthy engine can answer (never for client mistakes), with ``Retry-After``
 
 A client error is never a 500: unexpected exceptions become a 500 ``server_error`` with the request id and no
-traceback (the traceback goes to the log).
+traceback (the traceback goes to the log), answered by ``serving.http.GatewayMiddleware`` without re-raising, so
+the server keeps the client's keep-alive connection. A stream that fails after its 200 ends with this same body as
+an SSE event, then ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,11 @@ class APIError(Exception):
         self.param = param
         self.headers = headers or {}
 
+    @property
+    def label(self) -> str:
+        """The ``code`` label of ``lifecycle_errors_total`` (a fixed vocabulary: codes and types of this module)."""
+        return self.code or self.type
+
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.code, self.param)
 
@@ -53,6 +64,11 @@ def bad_request(message: str, *, code: str | None = None, param: str | None = No
     return APIError(400, message, code=code, param=param)
 
 
+def invalid(message: str, *, param: str | None) -> APIError:
+    """A value the schema allows in type but not in range (422 like a schema error, naming the field)."""
+    return APIError(422, message, code="invalid_value", param=param)
+
+
 def not_found(message: str, *, code: str = "not_found") -> APIError:
     return APIError(404, message, type="not_found_error", code=code)
 
@@ -61,11 +77,34 @@ def unauthorized(message: str) -> APIError:
     return APIError(401, message, type="authentication_error", code="invalid_api_key")
 
 
+def too_large(message: str) -> APIError:
+    return APIError(413, message, code="body_too_large")
+
+
+def unsupported_media_type(message: str) -> APIError:
+    return APIError(415, message, code="unsupported_media_type")
+
+
 def rate_limited(message: str, retry_after_s: int, *, code: str = "rate_limit_exceeded") -> APIError:
     return APIError(
         429, message, type="rate_limit_error", code=code, headers={"Retry-After": str(max(1, retry_after_s))}
     )
 
 
-def unavailable(message: str) -> APIError:
-    return APIError(503, message, type="service_unavailable", code="engine_unavailable")
+def unavailable(message: str, retry_after_s: int) -> APIError:
+    return APIError(
+        503,
+        message,
+        type="service_unavailable",
+        code="engine_unavailable",
+        headers={"Retry-After": str(max(1, retry_after_s))},
+    )
+
+
+def server_error(request_id: str) -> APIError:
+    return APIError(
+        500,
+        f"The server had an error processing request {request_id}; it has been logged.",
+        type="server_error",
+        code="internal_error",
+    )

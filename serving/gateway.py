@@ -1,9 +1,22 @@
-"""The request pipeline of ``POST /v1/chat/completions``, independent of the web framework.
+"""The request pipeline of ``POST /v1/chat/completions`` (and of ``/v1/completions``, ``serving.completions``),
+independent of the web framework.
 
-    authenticate -> requests/minute -> parse -> route (model name -> version) -> conversation history
-      -> traffic split (champion or canary) -> brownout / fallback choice -> context budget -> pre-filter
-      -> tokens/minute (reserved) -> engine (streamed through the post-filter; mirrored to the shadow)
-      -> usage, conversation, request log, metrics
+    authenticate -> requests/minute -> body (serving.body) -> parse -> route (model name -> version)
+      -> conversation history -> traffic split (champion or canary) -> brownout / fallback choice
+      -> context budget + pre-filter (in a worker thread) -> tokens/minute (reserved)
+      -> engine (streamed through the post-filter; mirrored to the shadow)
+      -> usage, conversation, request log, metrics (serving.records)
+
+Everything a client controls is checked before work is spent on it (sizes and shapes in ``serving.body`` and the
+protocol models, the ``logit_bias`` ids against the served model's vocabulary here), and the CPU-heavy steps (the
+chat template and tokenization while fitting the context, the pre-filter's rules and classifier) run in a worker
+thread: the event loop keeps answering other requests and ``/healthz`` while the largest accepted request is
+prepared.
+
+A blocked turn (the pre-filter refused the prompt, or the post-filter stopped the reply) is stored in its
+conversation, marked with the stage and rule that blocked it, and shown in its history, but it is kept out of the
+context of every later turn: never sent to the model again, never judged again, so one refused message does not
+block the rest of the conversation. The reply says so (``safety.kept_out_note``).
 
 The traffic split (``split.variant``) applies to the served name while a canary has weight: its sticky key is the
 conversation id (a new conversation's id is made before the split, so its later turns hash the same), else the
@@ -12,10 +25,11 @@ version is still the champion or the challenger. The route is fixed when a reque
 moves a running stream. A canary whose engine is not ready is answered for by the champion
 (``canary-unavailable``): users never see an error for it.
 
-Streaming and non-streaming requests run the same generator (``_run``): text reaches a client only after the
+Streaming and non-streaming requests run the same generator (``run``): text reaches a client only after the
 post-filter released it, so no route can bypass the filter. When a client goes away the engine request is
-aborted and only the tokens produced are counted. Everything after the response (log row, usage, token
-reconciliation) is written by one ``_finish`` call that runs whatever way the request ended.
+aborted and only the tokens produced are counted. A stream that fails after its 200 ends with an OpenAI-shaped
+error event and ``data: [DONE]``, whatever the failure. Everything after the response (log row, usage, token
+reconciliation) is written by one ``finish`` call that runs whatever way the request ended.
 """
 
 from __future__ import annotations
@@ -24,35 +38,61 @@ import asyncio
 import json
 import logging
 import secrets
+import threading
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
+from pydantic import BaseModel, ValidationError
 
 from core.errors import NotFoundError
-from core.refusal import is_refusal
 from serving import context as ctxmod
 from serving import protocol, split
-from serving.brownout import BrownoutDecision, TtftWindow, decide
+from serving.brownout import BrownoutDecision, decide
 from serving.call import Call
 from serving.config import ServingConfig
-from serving.engine import EngineDead, GenerationRequest, close_stream
-from serving.errors import APIError, bad_request, not_found, rate_limited, unauthorized, unavailable
+from serving.context import FittedPrompt
+from serving.engine import Engine, EngineDead, GenerationRequest, close_stream
+from serving.errors import (
+    APIError,
+    bad_request,
+    invalid,
+    not_found,
+    rate_limited,
+    server_error,
+    unauthorized,
+    unavailable,
+)
 from serving.faults import Faults
 from serving.limits import RateLimiter
 from serving.metrics import ServingMetrics
+from serving.records import Recorder
 from serving.router import Route, Router, ServedModel
 from serving.safety import SafetyFilters
 from serving.shadow import Embedder, MiniLmEmbedder, PrimaryResult, ShadowMirror
-from serving.store import ApiKey, RequestLogEntry, ServingStore, new_conversation_id
+from serving.store import ApiKey, ServingStore, new_conversation_id
+from serving.verdict import Verdict
 
 SHADOWED_ROUTES = ("primary", "canary", "canary-unavailable")  # the ok path: no brownout, no fallback
 
 log = logging.getLogger("lifecycle.serving")
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate(model: type[M], raw: dict[str, Any]) -> M:
+    """``raw`` as a request model, or a 422 naming the first field that breaks it."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = list(first["loc"])
+        if "[key]" in loc:  # a bad dict key: name the field, not the client's key
+            loc = loc[: loc.index("[key]") - 1]
+        # field names and list indexes; not pydantic's names of union members ("list[constrained-str]")
+        param = ".".join(str(p) for p in loc if isinstance(p, int) or p.isidentifier() or p.isdigit())
+        raise invalid(f"Invalid request: {param}: {first['msg']}", param=param or None) from None
 
 
 class Gateway:
@@ -76,8 +116,10 @@ class Gateway:
         self.shadow = ShadowMirror(
             cfg.shadow, store, filters.scorer, self.metrics, self.faults, embedder or MiniLmEmbedder()
         )
-        self._ttft: dict[str, TtftWindow] = {}
+        self.recorder = Recorder(cfg, store, limiter, self.metrics)
         self._background: set[asyncio.Task[None]] = set()
+        # one tokenization at a time: a fast tokenizer's Rust state is not safe under concurrent calls
+        self.tokenizing = threading.Lock()
 
     # --- the steps ------------------------------------------------------------------------------------------
 
@@ -106,26 +148,21 @@ class Gateway:
                 code="rate_limit_requests",
             )
 
-    @staticmethod
-    def parse(body: bytes) -> protocol.ChatCompletionRequest:
-        from pydantic import ValidationError
-
-        try:
-            raw = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise bad_request(f"The request body is not valid JSON: {exc}", code="invalid_json") from None
-        if not isinstance(raw, dict):
-            raise bad_request("The request body must be a JSON object", code="invalid_json")
-        try:
-            req = protocol.ChatCompletionRequest.model_validate(raw)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"])
-            raise APIError(
-                422, f"Invalid request: {param}: {first['msg']}", code="invalid_value", param=param
-            ) from None
-        req.check_supported()
+    def parse(self, raw: dict[str, Any]) -> protocol.ChatCompletionRequest:
+        req = validate(protocol.ChatCompletionRequest, raw)
+        req.check_supported(self.cfg.limits)
         return req
+
+    @staticmethod
+    def check_vocabulary(req: protocol.SamplingRequest, engine: Engine) -> None:
+        """``logit_bias`` names tokens of the served model's vocabulary (an unknown id would fail in the engine)."""
+        unknown = sorted(t for t in req.bias_ids() if t >= engine.vocab_size)
+        if unknown:
+            raise invalid(
+                f"logit_bias names token id(s) {unknown[:5]} outside this model's vocabulary of {engine.vocab_size} "
+                "tokens",
+                param="logit_bias",
+            )
 
     def route(self, model: str) -> Route:
         try:
@@ -152,7 +189,8 @@ class Gateway:
         except NotFoundError as exc:
             raise not_found(str(exc), code="conversation_not_found") from None
         replies = [m.get("model_version") for m in conv.messages if m["role"] == "assistant"]
-        messages = [{"role": m["role"], "content": m["content"]} for m in conv.messages]
+        # blocked turns stay in the history a client reads, never in the context the model (or the filter) sees
+        messages = [{"role": m["role"], "content": m["content"]} for m in conv.messages if not m.get("filtered")]
         return conv.id, messages, replies[-1] if replies else None
 
     def assign(self, route: Route, sticky_key: str, last_version: str | None) -> tuple[ServedModel, str, str | None]:
@@ -177,8 +215,11 @@ class Gateway:
             if route.follows_alias and fallback is not None and fallback_ready:
                 self.metrics.fallback.labels("engine_unavailable").inc()
                 return fallback.via(fallback.alias), "fallback", BrownoutDecision(False)
-            raise unavailable(f"{primary.ref} is unavailable (engine {primary.engine.state}) and no fallback is ready")
-        window = self._ttft.get(primary.engine.key)
+            raise unavailable(
+                f"{primary.ref} is unavailable (engine {primary.engine.state}) and no fallback is ready",
+                self.cfg.limits.retry_after_s,
+            )
+        window = self.recorder.ttft.get(primary.engine.key)
         decision = decide(
             primary.engine.queue_depth,
             window.p90() if window else None,
@@ -194,6 +235,19 @@ class Gateway:
         self.metrics.brownout.labels("max_tokens").inc()
         return primary, "brownout", decision
 
+    def select(
+        self, route: Route, sticky_key: str, last_version: str | None
+    ) -> tuple[ServedModel, str, BrownoutDecision, str | None]:
+        """The traffic split, then availability and brownout: (the version that answers, the route kind, the
+        brownout decision, the version the split assigned)."""
+        primary, assigned, split_route = self.assign(route, sticky_key, last_version)
+        served, route_kind, brownout = self.choose(replace(route, model=primary))
+        if split_route is not None and route_kind == "primary":
+            route_kind = split_route
+        if route.canary is not None and route.canary_weight > 0:
+            self.metrics.canary_routes.labels(route_kind).inc()
+        return served, route_kind, brownout, assigned
+
     async def prepare(self, key: ApiKey | None, req: protocol.ChatCompletionRequest, request_id: str) -> Call:
         started = time.monotonic()
         route = self.route(req.model)
@@ -202,17 +256,11 @@ class Gateway:
         if new_conversation:  # its id exists before the split, so its later turns hash like this one
             conversation_id = new_conversation_id()
         sticky_key = conversation_id or (key.id if key else None) or request_id
-        primary, assigned, split_route = self.assign(route, sticky_key, last_version)
+        served, route_kind, brownout, assigned = self.select(route, sticky_key, last_version)
         new_messages = [m.plain() for m in req.messages]
-        served, route_kind, brownout = self.choose(replace(route, model=primary))
-        if split_route is not None and route_kind == "primary":
-            route_kind = split_route
-        if route.canary is not None and route.canary_weight > 0:
-            self.metrics.canary_routes.labels(route_kind).inc()
         engine = served.engine
-        fitted = ctxmod.fit(
-            engine.tokenizer, history + new_messages, engine.max_model_len, req.requested_max_tokens(), self.cfg.context
-        )
+        self.check_vocabulary(req, engine)
+        fitted, verdict = await anyio.to_thread.run_sync(self._fit_and_judge, engine, history + new_messages, req)
         max_tokens = (
             min(fitted.max_tokens, brownout.max_tokens)
             if brownout.active and brownout.max_tokens
@@ -233,17 +281,40 @@ class Gateway:
             assigned=assigned,
             new_conversation=new_conversation,
             shadow=route.shadow if route_kind in SHADOWED_ROUTES else None,
+            prompt_text=_last_user(new_messages),
         )
-        verdict = self.filters.pre.check(history + new_messages) if self.cfg.safety.pre_filter else None
-        if verdict is not None and verdict.blocked:
-            call.pre_filter = verdict.rule or "blocked"
-            call.status = "content_filter"
-            self.metrics.safety_hits.labels(served.ref, "pre", call.pre_filter).inc()
+        if self.refuse(call, verdict):
             await self._start_conversation(call)
             return call
+        self.reserve(call, len(fitted.token_ids) + max_tokens)
+        await self._start_conversation(call)
+        return call
+
+    def refuse(self, call: Call, verdict: Verdict | None) -> bool:
+        """Mark a request the pre-filter blocked (it is answered with the refusal text, never by an engine)."""
+        if verdict is None or not verdict.blocked:
+            return False
+        call.pre_filter, call.status = verdict.rule or "blocked", "content_filter"
+        self.metrics.safety_hits.labels(call.served.ref, "pre", call.pre_filter).inc()
+        return True
+
+    def _fit_and_judge(
+        self, engine: Engine, messages: list[dict[str, str]], req: protocol.ChatCompletionRequest
+    ) -> tuple[FittedPrompt, Verdict | None]:
+        """The CPU-heavy part of preparing a chat request (run in a worker thread): the context budget (chat
+        template + tokenization) and the pre-filter (rules + classifier)."""
+        with self.tokenizing:
+            fitted = ctxmod.fit(
+                engine.tokenizer, messages, engine.max_model_len, req.requested_max_tokens(), self.cfg.context
+            )
+        verdict = self.filters.pre.check(messages) if self.cfg.safety.pre_filter else None
+        return fitted, verdict
+
+    def reserve(self, call: Call, want: int) -> None:
+        """Reserve ``want`` tokens (prompt + max_tokens) of the key's per-minute budget, or refuse with a 429."""
+        key = call.key
         if key is not None:
             tpm = key.tokens_per_minute or self.cfg.api_keys.tokens_per_minute
-            want = len(fitted.token_ids) + max_tokens
             decision = self.limiter.reserve_tokens(key.id, tpm, want)
             if not decision.allowed:
                 why = (
@@ -256,9 +327,7 @@ class Gateway:
                 if decision.never:  # waiting cannot help: no Retry-After
                     raise APIError(429, why, type="rate_limit_error", code="request_too_large")
                 raise rate_limited(why, decision.retry_after_s, code="rate_limit_tokens")
-            call.reserved_tokens = want
-        await self._start_conversation(call)
-        return call
+            call.reserved_tokens += want
 
     async def _start_conversation(self, call: Call) -> None:
         """A requested new conversation exists only once the request is accepted: a refused request leaves none."""
@@ -274,9 +343,10 @@ class Gateway:
         """Released text pieces; on return ``call.finish_reason`` is set. Cancelling the iteration (a client
         disconnect) aborts the engine request. ``finish`` must be called afterwards in every case."""
         if call.pre_filter:
-            call.text.append(self.cfg.safety.refusal_text)
+            text = self._blocked_text(call, self.cfg.safety.refusal_text)
+            call.text.append(text)
             call.finish_reason = "content_filter"
-            yield self.cfg.safety.refusal_text
+            yield text
             return
         req = call.request
         stream_filter = self.filters.stream() if self.cfg.safety.post_filter else None
@@ -293,8 +363,10 @@ class Gateway:
             stop=req.stop or (),
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
+            logit_bias=req.bias_ids(),
             adapter=call.served.adapter,
+            logprobs=call.want_logprobs,
+            prompt_logprobs=call.want_prompt_logprobs,
         )
         if call.shadow is not None:  # mirrored in the background: never awaited, never shown
             call.shadow_run = self.shadow.start(call.request_id, call.started, call.served.ref, greq, call.shadow)
@@ -305,6 +377,9 @@ class Gateway:
                 if call.first_token_at is None and delta.new_tokens:
                     call.first_token_at = time.monotonic()
                 call.completion_tokens += delta.new_tokens
+                call.logprobs.extend(delta.logprobs)
+                if delta.prompt_logprobs is not None and call.prompt_logprobs is None:
+                    call.prompt_logprobs = delta.prompt_logprobs
                 if delta.finish_reason:
                     call.finish_reason = delta.finish_reason
                 released = stream_filter.feed(delta.text) if stream_filter else delta.text
@@ -327,7 +402,9 @@ class Gateway:
             completed = True
         except EngineDead as exc:
             call.status, call.error = "error", str(exc)
-            raise unavailable(f"{call.served.ref}: the engine stopped during the request") from None
+            raise unavailable(
+                f"{call.served.ref}: the engine stopped during the request", self.cfg.limits.retry_after_s
+            ) from None
         finally:
             aborted = not completed and call.status == "ok"
             if aborted:
@@ -346,66 +423,61 @@ class Gateway:
         call.status = "content_filter"
         call.finish_reason = "content_filter"
         self.metrics.safety_hits.labels(call.served.ref, "post", rule).inc()
-        text = self.cfg.safety.stopped_text
+        text = self._blocked_text(call, self.cfg.safety.stopped_text)
         call.text.append(text)
         yield text
 
-    async def complete(self, call: Call) -> dict[str, Any]:
-        """The non-streaming response (the same pipeline, collected)."""
-        async for _ in self.run(call):
-            pass
-        await self._save_turns(call)
-        return protocol.completion(
-            call.request_id,
-            call.request.model,
-            "".join(call.text),
-            call.finish_reason,
-            len(call.prompt_ids),
-            call.completion_tokens,
-            call.conversation_id,
-            call.created,
-        )
+    def _blocked_text(self, call: Call, text: str) -> str:
+        """A refusal or stop text, told that the turn stays out of its conversation when there is one."""
+        return f"{text} {self.cfg.safety.kept_out_note}" if call.conversation_id else text
 
-    async def sse(self, call: Call) -> AsyncIterator[bytes]:
-        """Server-Sent Events in the OpenAI chunk format, then ``data: [DONE]``."""
-        model, rid, created, conv = call.request.model, call.request_id, call.created, call.conversation_id
+    def failed(self, call: Call, exc: APIError) -> None:
+        """A request that failed after its response started (a stream): recorded with the status its client was
+        told in the error event, counted and logged like any error answer."""
+        call.status, call.http_status = "error", exc.status
+        call.error = call.error or exc.message
+        self.metrics.errors.labels(str(exc.status), exc.label).inc()
+        log.info("stream %s failed after its 200: %d %s", call.request_id, exc.status, exc.label)
+
+    async def events(
+        self,
+        call: Call,
+        opening: list[dict[str, Any]],
+        event: Callable[[str], dict[str, Any]],
+        closing: Callable[[], Awaitable[list[dict[str, Any]]]],
+    ) -> AsyncIterator[bytes]:
+        """One request as SSE: ``opening`` events, one ``event(piece)`` per released piece, ``closing()`` events,
+        ``data: [DONE]``. A failure after the 200 ends the stream with an error event and ``[DONE]``."""
 
         def frame(obj: dict[str, Any]) -> bytes:
             return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
         pieces = self.run(call)
         try:
-            yield frame(protocol.chunk(rid, model, created, {"role": "assistant", "content": ""}, None, conv))
+            for obj in opening:
+                yield frame(obj)
             try:
                 async for piece in pieces:
-                    yield frame(protocol.chunk(rid, model, created, {"content": piece}, None, conv))
-            except APIError as exc:
-                yield frame(exc.body())
+                    yield frame(event(piece))
+                tail = await closing()
+            except Exception as exc:  # after the 200 an error can only be an event: never a dropped connection
+                error = exc if isinstance(exc, APIError) else self.crashed(call, exc)
+                self.failed(call, error)
+                yield frame(error.body())
                 yield b"data: [DONE]\n\n"
                 return
-            await self._save_turns(call)
-            yield frame(protocol.chunk(rid, model, created, {}, call.finish_reason, conv))
-            opts = call.request.stream_options
-            if opts is not None and opts.include_usage:
-                yield frame(protocol.usage_chunk(rid, model, created, len(call.prompt_ids), call.completion_tokens))
+            for obj in tail:
+                yield frame(obj)
             yield b"data: [DONE]\n\n"
         finally:
             await pieces.aclose()  # a client that left mid-stream: abort the engine request now, not at GC
             self.finish(call)
 
-    async def _save_turns(self, call: Call) -> None:
-        """The new turns and the reply join the conversation before the response ends, so a client's next turn
-        always sees them (only the log, usage and metrics are written after)."""
-        if call.key is None or not call.conversation_id or call.status not in ("ok", "content_filter"):
-            return
-        key_id, conv_id, ref = call.key.id, call.conversation_id, call.served.ref
-        reply = {"role": "assistant", "content": "".join(call.text)}
-
-        def save() -> None:
-            self.store.append_messages(key_id, conv_id, call.new_messages, None)
-            self.store.append_messages(key_id, conv_id, [reply], ref)
-
-        await anyio.to_thread.run_sync(save)
+    def crashed(self, call: Call, exc: Exception) -> APIError:
+        """An unexpected failure of a request: logged with its traceback, answered as a 500 with the request id."""
+        log.error("request %s failed", call.request_id, exc_info=exc)
+        call.status, call.error = "error", f"{type(exc).__name__}: {exc}"
+        return server_error(call.request_id)
 
     # --- after the response ---------------------------------------------------------------------------------
 
@@ -420,104 +492,12 @@ class Gateway:
             ttft_ms, _, e2e_ms = call.timings()
             text = "".join(call.text)
             call.shadow_run.primary_finished(PrimaryResult(text, call.completion_tokens, call.status, ttft_ms, e2e_ms))
-        task = asyncio.get_running_loop().create_task(anyio.to_thread.run_sync(self._record, call))
+        task = asyncio.get_running_loop().create_task(anyio.to_thread.run_sync(self.recorder.record, call))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _record(self, call: Call) -> None:
-        ref = call.served.ref
-        m = self.metrics
-        ttft_ms, tpot_ms, e2e_ms = call.timings()
-        prompt_tokens = len(call.prompt_ids)
-        m.requests.labels(ref, call.route, call.status).inc()
-        m.e2e.labels(ref).observe(e2e_ms / 1000)
-        m.tokens.labels(ref, "prompt").inc(prompt_tokens)
-        m.tokens.labels(ref, "completion").inc(call.completion_tokens)
-        if ttft_ms is not None:
-            m.ttft.labels(ref).observe(ttft_ms / 1000)
-            self._ttft.setdefault(call.served.engine.key, TtftWindow(self.cfg.brownout.window_s)).add(ttft_ms)
-        if tpot_ms is not None:
-            m.tpot.labels(ref).observe(tpot_ms / 1000)
-        if (
-            call.status == "ok"
-            and ttft_ms is not None
-            and ttft_ms <= self.cfg.slo.ttft_ms
-            and (tpot_ms is None or tpot_ms <= self.cfg.slo.tpot_ms)
-        ):
-            m.goodput.labels(ref).inc()
-        try:
-            if call.key is not None:
-                tpm = call.key.tokens_per_minute or self.cfg.api_keys.tokens_per_minute
-                if call.reserved_tokens:
-                    self.limiter.reconcile(
-                        call.key.id, tpm, call.reserved_tokens, prompt_tokens + call.completion_tokens
-                    )
-                self.store.record_usage(call.key.id, ref, prompt_tokens, call.completion_tokens)
-            self.store.log_request(
-                RequestLogEntry(
-                    request_id=call.request_id,
-                    at=datetime.now(UTC),
-                    key_id=call.key.id if call.key else None,
-                    model=call.request.model,
-                    model_version=ref,
-                    alias=call.served.alias,
-                    route=call.route,
-                    status=call.status,
-                    http_status=200,
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=call.completion_tokens,
-                    ttft_ms=ttft_ms,
-                    tpot_ms=tpot_ms,
-                    e2e_ms=e2e_ms,
-                    stream=call.request.stream,
-                    pre_filter=call.pre_filter,
-                    post_filter=call.post_filter,
-                    conversation_id=call.conversation_id,
-                    prompt_text=_last_user(call.new_messages),
-                    response_text="".join(call.text),
-                    finish_reason=call.finish_reason,
-                    error=call.error,
-                    assigned_version=call.assigned,
-                    refusal=is_refusal("".join(call.text)) if call.status == "ok" else None,
-                )
-            )
-        except Exception:  # the response is already out; losing a log row must be loud, not fatal
-            log.exception("recording request %s failed", call.request_id)
-
     def log_rejected(self, request_id: str, key: ApiKey | None, model: str, exc: APIError, started: float) -> None:
-        """Requests refused before generation (401 excepted: no key, nothing to attribute) still leave a row.
-        (The error metric is counted by the app's error handler.)"""
-        if exc.status == 401:
-            return
-        try:
-            self.store.log_request(
-                RequestLogEntry(
-                    request_id=request_id,
-                    at=datetime.now(UTC),
-                    key_id=key.id if key else None,
-                    model=model,
-                    model_version=None,
-                    alias=None,
-                    route="rejected",
-                    status="rate_limited" if exc.status == 429 else "error",
-                    http_status=exc.status,
-                    prompt_tokens=0,
-                    completion_tokens=0,
-                    ttft_ms=None,
-                    tpot_ms=None,
-                    e2e_ms=(time.monotonic() - started) * 1000,
-                    stream=False,
-                    pre_filter=None,
-                    post_filter=None,
-                    conversation_id=None,
-                    prompt_text="",
-                    response_text="",
-                    finish_reason=None,
-                    error=exc.message,
-                )
-            )
-        except Exception:
-            log.exception("recording rejected request %s failed", request_id)
+        self.recorder.rejected(request_id, key, model, exc, started)
 
     async def drain(self) -> None:
         """Wait for background record writes and shadow comparisons (tests, shutdown: cancel the shadows first
@@ -525,10 +505,6 @@ class Gateway:
         while self._background or self.shadow.running:
             await asyncio.gather(*list(self._background), return_exceptions=True)
             await self.shadow.drain()
-
-
-def new_request_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
 
 def _last_user(messages: list[dict[str, str]]) -> str:

@@ -58,6 +58,10 @@ class GatewayProcess(ServerProcess):
         spec_path = write_spec(self.spec, self.home)
         env = {**os.environ, **runtime_environment(self.home), **self.extra_env, SPEC_ENV: str(spec_path)}
         env.setdefault("LIFECYCLE_HOME", str(self.home.root))
+        # BentoML keeps its Prometheus multiprocess files under $BENTOML_HOME and wipes them when a server starts:
+        # with one shared folder (~/bentoml), every gateway on the machine erased the others' engine metrics (and
+        # read them as its own). Each gateway (a home and a port: unique among live servers) gets its own.
+        env["BENTOML_HOME"] = str(self.home.serving / f"bentoml-{self.port}")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         self.env = env
         return super().start()

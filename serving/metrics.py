@@ -1,11 +1,22 @@
 """Prometheus metrics of the gateway, per model version, on a registry of their own (one per app, so two
-gateways in one process, or tests, never share counters). ``/metrics`` serves them in the text format;
-under BentoML they are appended to BentoML's own metrics.
+gateways in one process, or tests, never share counters). ``GET /metrics`` serves them in the text format, followed
+by the vLLM engines' own ``vllm:*`` families.
+
+Every label set is bounded: model versions (``chat/3``), engine keys (a weights hash, never a file path: the
+engines are started with it as their served name), route templates and HTTP statuses, error codes of a fixed
+vocabulary. Each family appears once: BentoML's own metrics (labelled with raw request paths) are switched off
+(``serving.service``), and under BentoML, where ``PROMETHEUS_MULTIPROC_DIR`` puts every process's metrics into
+files, only the ``vllm:*`` families are read back from them.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 _LATENCY_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TPOT_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -35,7 +46,26 @@ class ServingMetrics:
             "lifecycle_e2e_seconds", "End-to-end request latency.", ["model_version"], buckets=_LATENCY_S, registry=r
         )
         self.tokens = Counter("lifecycle_tokens", "Tokens processed.", ["model_version", "kind"], registry=r)
-        self.errors = Counter("lifecycle_errors", "Errors by HTTP status and code.", ["status", "code"], registry=r)
+        self.errors = Counter(
+            "lifecycle_errors",
+            "Error answers by HTTP status and code: every 4xx and 5xx response, and streams that failed after their "
+            "200 (the status their error event carries).",
+            ["status", "code"],
+            registry=r,
+        )
+        self.http_requests = Counter(
+            "lifecycle_http_requests",
+            "HTTP requests by method, route template (unmatched: any path without a route) and status.",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.http_seconds = Histogram(
+            "lifecycle_http_request_duration_seconds",
+            "Time from request to the end of the response (a stream's whole length), by route template.",
+            ["route"],
+            buckets=_LATENCY_S,
+            registry=r,
+        )
         self.safety_hits = Counter(
             "lifecycle_safety_hits", "Safety-filter hits.", ["model_version", "stage", "rule"], registry=r
         )
@@ -77,5 +107,28 @@ class ServingMetrics:
             registry=r,
         )
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *, engines: bool = True) -> bytes:
+        """Our families, then (``engines``) the vLLM engines' ``vllm:*`` families of this process."""
+        ours = generate_latest(self.registry)
+        if not engines:
+            return ours
+        extra = CollectorRegistry(auto_describe=False)
+        extra.register(_EngineFamilies())
+        return ours + generate_latest(extra)
+
+
+class _EngineFamilies:
+    """vLLM's metric families (its stat loggers register them process-wide): read from the multiprocess files
+    when ``PROMETHEUS_MULTIPROC_DIR`` is set (BentoML sets it), else from the default registry."""
+
+    def collect(self) -> Iterator[Metric]:
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if folder and os.path.isdir(folder):
+            source = CollectorRegistry(auto_describe=False)
+            MultiProcessCollector(source, path=folder)
+            families = source.collect()
+        else:
+            families = REGISTRY.collect()
+        for family in families:
+            if family.name.startswith("vllm:"):
+                yield family

@@ -4,9 +4,12 @@ The gateway wraps every streamed reply in ``filters.stream()`` (``serving.safety
 delta, send what it returns, ``finish`` at the end, stop on ``violation``. Non-streamed replies go through
 ``check_text``, which gives the same decision as streaming the same text in any chunking.
 
-``StreamFilter.feed`` releases text only once it has been checked and ``holdback_chars`` later characters exist, so no
-prefix of a blocked string of up to ``holdback_chars`` characters ever reaches the client. See ``StreamFilter`` for
-why the pattern scan is complete and why the decision does not depend on the chunking.
+``StreamFilter.feed`` releases text as soon as nothing can block it any more, instead of a fixed holdback: text is
+held only from the start of a possible match of a blocked pattern (the ``regex`` package's partial matching
+answers "could more text complete a match starting here?"), and after the last word the toxicity classifier has
+scored (its windows close at every word end and at sentence ends) when the word being written could still become
+one the classifier flags. So no character of a blocked string is ever sent, and clean text is sent as it comes.
+See ``StreamFilter`` for why the scan is complete and the decision independent of the chunking.
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import regex
+
 from core.errors import ConfigError
 from core.toxicity import ToxicityScorer
 from serving.config import SafetyConfig
 from serving.verdict import Verdict
 
 TOXICITY_WINDOW_CHARS = 256  # the longest text one toxicity score sees: the current sentence, cut to this
-TOXICITY_STRIDE_CHARS = 32  # a sentence still going is scored at least this often (and every holdback_chars / 2)
-UNBOUNDED_SCAN_CHARS = 256  # streamed scan horizon of patterns without a maximum length (finish() checks it all)
+TOXICITY_STRIDE_CHARS = 32  # a word still going (a URL, code) is scored at least this often
 _TERMINATORS = frozenset(".!?\n")
 _HUGE = 1 << 30
 
@@ -33,12 +37,13 @@ _HUGE = 1 << 30
 class OutputPattern:
     """A compiled ``blocked_output_patterns`` entry with the widths the streamed scan needs.
 
-    ``width``: the longest match (None: unbounded); ``lookahead``: how far past a match end the pattern may look
-    (None: unbounded); ``lookbehind``: how far before a match start it may look.
+    ``regex`` is compiled by the ``regex`` package (for its partial matching) from Python ``re`` syntax, which is
+    what the widths are measured with. ``width``: the longest match (None: unbounded); ``lookahead``: how far past a
+    match end the pattern may look (None: unbounded); ``lookbehind``: how far before a match start it may look.
     """
 
     index: int
-    regex: re.Pattern[str]
+    regex: regex.Pattern[str]
     width: int | None
     lookahead: int | None
     lookbehind: int
@@ -63,9 +68,9 @@ def compile_output_patterns(patterns: Sequence[str]) -> list[OutputPattern]:
     for i, text in enumerate(patterns):
         where = f"serving.safety.blocked_output_patterns[{i}] {text!r}"
         try:
-            regex = re.compile(text, re.IGNORECASE)
             tree = parser.parse(text, re.IGNORECASE)
-        except re.error as e:
+            compiled = regex.compile(text, regex.IGNORECASE | regex.V0)
+        except (re.error, regex.error) as e:
             raise ConfigError(f"config: {where} is not a valid regular expression: {e}") from e
         low, high = tree.getwidth()
         if low == 0:
@@ -76,7 +81,7 @@ def compile_output_patterns(patterns: Sequence[str]) -> list[OutputPattern]:
         out.append(
             OutputPattern(
                 i,
-                regex,
+                compiled,
                 None if high >= _HUGE else high,
                 None if lookahead >= _HUGE else lookahead,
                 max(behind, default=0),
@@ -92,11 +97,14 @@ def _first_match(patterns: Sequence[OutputPattern], text: str) -> Verdict | None
     return None
 
 
-class _Sentences:
+class _Windows:
     """Toxicity windows at positions that depend on the text only, never on how it was chunked.
 
-    A window ends after every sentence terminator (. ! ? newline) and whenever ``stride`` characters passed since the
-    last window end; it covers the current sentence, cut to its last ``width`` characters.
+    A window ends after every character that is not part of a word (not a letter, digit or underscore: spaces,
+    punctuation, the sentence terminators . ! ? and newline), and whenever ``stride`` characters passed since the
+    last window end (a long URL or identifier); it covers the current sentence up to there, cut to its last
+    ``width`` characters. Text is released only up to the end of the last window scored, so a word is scored, in
+    its sentence, before any of it is sent; a terminator closes the sentence.
     """
 
     def __init__(self, stride: int, width: int) -> None:
@@ -110,16 +118,21 @@ class _Sentences:
         out = []
         for i in range(old, new):
             end = i + 1
-            terminal = buf[i - base] in _TERMINATORS
-            if terminal or end - self.last >= self.stride:
+            ch = buf[i - base]
+            if not _is_word(ch) or end - self.last >= self.stride:
                 out.append((max(self.start, end - self.width), end))
                 self.last = end
-                if terminal:
+                if ch in _TERMINATORS:
                     self.start = end
         return out
 
     def final(self, length: int) -> tuple[int, int] | None:
         return (max(self.start, length - self.width), length) if length > self.last else None
+
+
+def _is_word(ch: str) -> bool:
+    """A character the classifier's tokenizer counts as part of a word (``\\w``)."""
+    return ch.isalnum() or ch == "_"
 
 
 def _score_windows(scorer: ToxicityScorer, threshold: float, texts: list[str]) -> tuple[Verdict | None, float | None]:
@@ -136,42 +149,48 @@ def _score_windows(scorer: ToxicityScorer, threshold: float, texts: list[str]) -
 class StreamFilter:
     """The post-filter of one streamed reply: ``feed`` deltas, send what it returns, ``finish`` at the end.
 
-    Release rule: after each feed the text is checked, then released up to ``L - holdback_chars`` (L: characters
-    generated so far), never past the end of the last scored toxicity window nor past the start of a possible pattern
-    match still growing. So a string matching a pattern, of up to ``holdback_chars`` characters, is complete and
-    caught before any of it could be released; a toxic phrase of up to ``holdback_chars - stride + 1`` characters
-    (25 by default) is scored whole before any of it is released, since windows end every ``stride`` <=
-    ``holdback_chars / 2`` characters. Clean text lags by exactly ``holdback_chars``; ``finish`` releases the rest
-    after a final check.
+    Release rule: after each feed the text is checked, then released up to the earliest of (a) the start of a
+    possible match of any blocked pattern and (b) the end of the last toxicity window scored (``_Windows``: every
+    word end), or the end of the text when the word being written cannot become a word the classifier flags
+    (``word_prefixes``: every prefix of every word that alone scores at the threshold; the production scorer's
+    model sees single words only). A string matching a pattern is therefore complete and caught before any
+    character of it could be released, whatever its length; a word that may be flagged is scored in its sentence
+    before any of it is released. ``finish`` releases the rest after a final check.
 
-    Why the pattern scan is complete. Each pattern keeps ``scan_from``: no match of it can start before. Each feed
-    searches the buffer from there (the buffer keeps ``lookbehind`` + 1 characters before, so lookbehind and ``\\b``
-    see the same characters as in the whole text). A match [s, e) found in the prefix is *confirmed* when
-    ``e + lookahead + 2 <= L``: every character its path inspected is already generated and none of its ``$``/``\\Z``
-    could have held at the prefix end, so the same path matches in the whole reply. A match ending later is
-    *pending*: nothing from s on is released until more text settles it. And if the search finds nothing before
-    position q, no match can start at any p <= L - width - lookahead - 2 below q (it would end early enough to be
-    found), so ``scan_from`` advances to min(q, L - width - lookahead - 1). Patterns without a maximum width (or with
-    unbounded lookahead) use ``UNBOUNDED_SCAN_CHARS`` instead; a longer match than that, with no shorter match inside
-    it, is caught only by ``finish``, which searches the whole reply exactly as ``check_text`` does.
+    Why the pattern scan is complete. Each pattern keeps ``scan_from``: no match of it can start before, in this
+    text or any continuation of it. Each feed searches the buffer from there with partial matching (the buffer
+    keeps ``lookbehind`` + 1 characters before, so lookbehind and ``\\b`` see the same characters as in the whole
+    text): the leftmost position where a match either exists or could still be completed by more text. Nothing
+    from there on is released, and ``scan_from`` moves up to it. A match found there is *confirmed* when
+    ``end + lookahead + 2 <= L``: every character its path inspected is already generated and none of its
+    ``$``/``\\Z``/``\\b`` could have held at the prefix end, so the same path matches in the whole reply; then the
+    reply is stopped. A match ending later is *pending* (more text may undo it: ``secret\\b`` before ``s``), and
+    holds the text from its start like a partial one. Patterns with unbounded lookahead are never confirmed
+    mid-stream: their text is held and ``finish`` decides, searching the whole reply exactly as ``check_text``.
 
-    Why the decision does not depend on chunking. A confirmed match is a match of the whole reply; ``finish`` searches
-    the whole reply; toxicity windows end at positions fixed by the text (``_Sentences``), the same in ``check_text``.
-    So streamed and whole replies are blocked alike; only the rule reported may differ (which check fired first).
+    Why the decision does not depend on chunking. A confirmed match is a match of the whole reply; ``finish``
+    searches the whole reply; toxicity windows end at positions fixed by the text (``_Windows``), the same in
+    ``check_text``. So streamed and whole replies are blocked alike; only the rule reported may differ (which check
+    fired first).
 
-    Cost per feed: O(delta + scanned region + one scorer call per ``stride`` characters), independent of the reply
-    length; the buffer is trimmed to what later checks and the release still need.
+    Cost per feed: O(delta + held region + one scorer call per word), independent of the reply length; the buffer
+    is trimmed to what later checks and the release still need.
     """
 
     def __init__(
-        self, cfg: SafetyConfig, scorer: ToxicityScorer, *, patterns: Sequence[OutputPattern] | None = None
+        self,
+        cfg: SafetyConfig,
+        scorer: ToxicityScorer,
+        *,
+        patterns: Sequence[OutputPattern] | None = None,
+        word_prefixes: frozenset[str] | None = None,
     ) -> None:
         self._cfg = cfg
         self._scorer = scorer
+        self._prefixes = word_prefixes  # None: any word may become a flagged one (hold each until it ends)
+        self._longest = max(map(len, word_prefixes), default=0) if word_prefixes is not None else 0
         self._patterns = list(compile_output_patterns(cfg.blocked_output_patterns) if patterns is None else patterns)
-        self._holdback = cfg.holdback_chars
-        stride = max(1, min(cfg.holdback_chars // 2, TOXICITY_STRIDE_CHARS))
-        self._sentences = _Sentences(stride, TOXICITY_WINDOW_CHARS)
+        self._windows = _Windows(TOXICITY_STRIDE_CHARS, TOXICITY_WINDOW_CHARS)
         self._context = max((p.lookbehind for p in self._patterns), default=0) + 1
         self._parts: list[str] = []  # the whole reply, joined once by finish()
         self._buf = ""  # text from global offset _base
@@ -203,14 +222,13 @@ class StreamFilter:
         pending = self._scan_patterns()
         if self.violation is not None:
             return ""
-        windows = self._sentences.advance(self._buf, self._base, old, self._length)
+        windows = self._windows.advance(self._buf, self._base, old, self._length)
         if windows:
             if self._score([self._buf[s - self._base : e - self._base] for s, e in windows]):
                 return ""
             self._checked = windows[-1][1]
-        # scored windows end every stride <= holdback / 2 characters: the toxicity check is never what holds text back
-        assert self._checked >= self._length - self._holdback
-        upto = max(self._released, min(self._length - self._holdback, pending))
+        checked = self._checked if self._word_may_flag() else self._length
+        upto = max(self._released, min(checked, pending))
         out = self._buf[self._released - self._base : upto - self._base]
         self._released = upto
         self._trim()
@@ -223,7 +241,7 @@ class StreamFilter:
             return ""
         self._finished = True
         self.violation = _first_match(self._patterns, "".join(self._parts))
-        last = self._sentences.final(self._length)
+        last = self._windows.final(self._length)
         if self.violation is not None or (
             last and self._score([self._buf[last[0] - self._base : last[1] - self._base]])
         ):
@@ -239,32 +257,42 @@ class StreamFilter:
         found = _first_match(self._patterns, text)
         if found is not None:
             return found
-        sentences = _Sentences(self._sentences.stride, self._sentences.width)
-        spans = sentences.advance(text, 0, 0, len(text))
-        last = sentences.final(len(text))
+        windows = _Windows(self._windows.stride, self._windows.width)
+        spans = windows.advance(text, 0, 0, len(text))
+        last = windows.final(len(text))
         spans += [last] if last else []
         verdict, score = _score_windows(self._scorer, self._cfg.toxicity_threshold, [text[s:e] for s, e in spans])
         return verdict or Verdict(False, "post", None, "passed", score)
 
     def _scan_patterns(self) -> int:
-        """Search each pattern from its ``scan_from``; set ``violation`` on a confirmed match; return how far the
-        release may go (the start of the earliest pending match, or L)."""
+        """Search each pattern from its ``scan_from``, partial matches included; set ``violation`` on a confirmed
+        match; return how far the release may go (the start of the earliest possible or pending match, or L)."""
         limit = self._length
         for k, p in enumerate(self._patterns):
-            m = p.regex.search(self._buf, self._scan_from[k] - self._base)
-            ahead = UNBOUNDED_SCAN_CHARS if p.lookahead is None else p.lookahead
-            settled = self._length - (UNBOUNDED_SCAN_CHARS if p.width is None else p.width) - ahead - 1
-            if m is not None:
-                start, end = m.start() + self._base, m.end() + self._base
-                if p.lookahead is not None and end + p.lookahead + 2 <= self._length:
-                    self.violation = Verdict(
-                        True, "post", f"pattern:{p.index}", f"reply matched blocked_output_patterns[{p.index}]"
-                    )
-                    return self._released
-                limit = min(limit, start)
-                settled = min(settled, start)
-            self._scan_from[k] = max(self._scan_from[k], settled)
+            m = p.regex.search(self._buf, self._scan_from[k] - self._base, partial=True)
+            if m is None:  # no match can start anywhere in this text or its continuations (a lookbehind-only case)
+                self._scan_from[k] = self._length
+                continue
+            start, end = m.start() + self._base, m.end() + self._base
+            if not m.partial and p.lookahead is not None and end + p.lookahead + 2 <= self._length:
+                self.violation = Verdict(
+                    True, "post", f"pattern:{p.index}", f"reply matched blocked_output_patterns[{p.index}]"
+                )
+                return self._released
+            limit = min(limit, start)
+            self._scan_from[k] = start
         return limit
+
+    def _word_may_flag(self) -> bool:
+        """Whether the word being written (the run of word characters ending the text) could still become a word
+        the classifier flags."""
+        if self._prefixes is None:
+            return True
+        start = self._length
+        while start > max(self._base, self._length - self._longest - 1) and _is_word(self._buf[start - 1 - self._base]):
+            start -= 1
+        word = self._buf[start - self._base :].lower()
+        return bool(word) and len(word) <= self._longest and word in self._prefixes
 
     def _score(self, texts: list[str]) -> bool:
         verdict, score = _score_windows(self._scorer, self._cfg.toxicity_threshold, texts)
@@ -276,7 +304,7 @@ class StreamFilter:
     def _trim(self) -> None:
         keep = min(
             self._released,
-            max(self._sentences.start, self._length - TOXICITY_WINDOW_CHARS),
+            max(self._windows.start, self._length - TOXICITY_WINDOW_CHARS),
             min(self._scan_from, default=self._length) - self._context,
         )
         if keep - self._base > 512:  # amortized: a slice at most every 512 characters

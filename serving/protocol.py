@@ -2,7 +2,12 @@
 
 Follows https://platform.openai.com/docs/api-reference/chat. Unknown request fields are ignored (as OpenAI-
 compatible servers do, so newer clients keep working); fields we cannot honour (``n`` > 1, tools, logprobs) are
-a 400 naming the field instead of being silently dropped.
+a 400 naming the field instead of being silently dropped. Values are checked where the client sent them, not
+where they would fail later: types are strict (``"stream": "yes"`` or ``1`` is a 422, not true; ``"n": "1"``
+or ``1.0`` is not an integer, ``false`` is not a number), ``seed`` fits a
+signed 64-bit integer, ``logit_bias`` values lie in [-100, 100] and its keys are token ids (checked against the
+served model's vocabulary by the gateway), stop strings are non-empty, and a conversation has a user turn.
+``SamplingRequest`` holds what chat and text completions (``serving.completions``) share.
 
 Our extension, marked as such: ``conversation_id`` in the request continues a stored conversation (the value
 ``"new"`` starts one); the response carries ``conversation_id`` and the ``x-conversation-id`` header.
@@ -11,23 +16,28 @@ Our extension, marked as such: ``conversation_id`` in the request continues a st
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, field_validator
 
+from serving.config import RequestLimits
 from serving.errors import bad_request
 
 NEW_CONVERSATION = "new"
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what the engine's random generator takes
+TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]+$")]  # logit_bias keys: token ids, as JSON strings
+Bias = Annotated[float, Field(ge=-100, le=100)]
+StopString = Annotated[str, Field(min_length=1)]  # an empty stop string would end every reply at once
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -45,34 +55,34 @@ class ChatMessage(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    model_config = ConfigDict(extra="ignore", strict=True)
+    include_usage: StrictBool = False
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class SamplingRequest(BaseModel):
+    """The fields chat and text completions share: the model, streaming and sampling."""
 
-    model: str = Field(min_length=1)
-    messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str = Field(
+        min_length=1,
+        description="chat, NAME@ALIAS or NAME/VERSION (GET /v1/models lists them).",
+        examples=["chat", "chat@champion"],
+    )
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, examples=[16])
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: StopString | list[StopString] | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: (
+        dict[Annotated[str, StringConstraints(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]] | None
+    ) = Field(None, description="Token id (as a string) -> bias in [-100, 100] added to its logit.")
     n: int = Field(1, ge=1)
     user: str | None = None
-    tools: list[Any] | None = None
-    logprobs: bool | None = None
-    # --- our extension ---
-    conversation_id: str | None = Field(
-        None, description="Extension: continue this stored conversation ('new' starts one)."
-    )
 
     @field_validator("stop")
     @classmethod
@@ -82,19 +92,48 @@ class ChatCompletionRequest(BaseModel):
         return [value] if isinstance(value, str) else value
 
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_tokens
 
-    def check_supported(self) -> None:
+    def bias_ids(self) -> dict[int, float]:
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
+
+    def check_sampling(self, limits: RequestLimits) -> None:
         if self.n != 1:
             raise bad_request("only n=1 is supported", param="n")
+        stops = self.stop or []
+        if len(stops) > limits.max_stop_sequences:
+            raise bad_request(f"at most {limits.max_stop_sequences} stop sequences are allowed", param="stop")
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(
+        min_length=1, examples=[[{"role": "user", "content": "What is 2 + 2?"}]], description="The conversation."
+    )
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: list[Any] | None = None
+    logprobs: StrictBool | None = None
+    # --- our extension ---
+    conversation_id: str | None = Field(
+        None, description="Extension: continue this stored conversation ('new' starts one)."
+    )
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def check_supported(self, limits: RequestLimits) -> None:
+        self.check_sampling(limits)
         if self.tools:
             raise bad_request("tool calls are not supported by this model", param="tools")
         if self.logprobs:
             raise bad_request("logprobs are not supported by this endpoint", param="logprobs")
-        if self.logit_bias:
-            for token in self.logit_bias:
-                if not token.lstrip("-").isdigit():
-                    raise bad_request(f"logit_bias keys must be token ids, got {token!r}", param="logit_bias")
+        if len(self.messages) > limits.max_messages:
+            raise bad_request(
+                f"{len(self.messages)} messages; a request may carry at most {limits.max_messages}",
+                code="too_many_messages",
+                param="messages",
+            )
+        if not any(m.role == "user" for m in self.messages):
+            raise bad_request("the messages need at least one user turn to answer", param="messages")
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

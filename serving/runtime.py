@@ -31,7 +31,7 @@ from core.home import Home
 from registry.config import RegistryConfig
 from registry.store import MlflowRegistry
 from serving.config import ServingConfig
-from serving.engine import Engine, VllmEngine
+from serving.engine import Engine, VllmEngine, engine_label
 from serving.gateway import Gateway
 from serving.limits import RateLimiter
 from serving.router import EngineFactory, Router, VersionSource
@@ -157,7 +157,7 @@ class GatewayRuntime:
     def update_gauges(self) -> None:
         m = self.gateway.metrics
         for key, engine in self.gateway.router.engines().items():
-            label = key[:40]
+            label = engine_label(key)
             m.queue_depth.labels(label).set(engine.queue_depth)
             m.in_flight.labels(label).set(engine.in_flight)
             m.engine_up.labels(label).set(1 if engine.state == "ready" else 0)

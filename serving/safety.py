@@ -17,7 +17,6 @@ from serving.config import SafetyConfig
 from serving.postfilter import (
     TOXICITY_STRIDE_CHARS,
     TOXICITY_WINDOW_CHARS,
-    UNBOUNDED_SCAN_CHARS,
     OutputPattern,
     StreamFilter,
     compile_output_patterns,
@@ -29,7 +28,7 @@ __all__ = [
     "RULES",
     "TOXICITY_STRIDE_CHARS",
     "TOXICITY_WINDOW_CHARS",
-    "UNBOUNDED_SCAN_CHARS",
+    "CompiledProfanityScorer",
     "OutputPattern",
     "PreFilter",
     "Rule",
@@ -50,9 +49,12 @@ class SafetyFilters:
         self.scorer = scorer
         self.pre = PreFilter(cfg, scorer)
         self._patterns = compile_output_patterns(cfg.blocked_output_patterns)
+        # a scorer that can say which words it may flag lets unfinished words go out at once (serving.postfilter)
+        prefixes = getattr(scorer, "flaggable_prefixes", None)
+        self._word_prefixes = prefixes(cfg.toxicity_threshold) if callable(prefixes) else None
 
     def stream(self) -> StreamFilter:
-        return StreamFilter(self.cfg, self.scorer, patterns=self._patterns)
+        return StreamFilter(self.cfg, self.scorer, patterns=self._patterns, word_prefixes=self._word_prefixes)
 
     def check_text(self, text: str) -> Verdict:
         return self.stream().check_text(text)

@@ -90,6 +90,8 @@ messages_t = sa.Table(
     sa.Column("content", sa.Text, nullable=False),
     sa.Column("model_version", sa.String(200)),
     sa.Column("created_at", UtcDateTime, nullable=False),
+    # a blocked exchange ("pre:<rule>", "post:<rule>"): kept in the history, out of every later turn's context
+    sa.Column("filtered", sa.String(200)),
     sa.Index("ux_messages_conversation_seq", "conversation_id", "seq", unique=True),
 )
 
@@ -186,6 +188,7 @@ class StoredMessage(TypedDict):
     content: str
     created_at: datetime
     model_version: NotRequired[str]  # assistant turns only: the version that wrote it
+    filtered: NotRequired[str]  # a blocked exchange: the stage and rule ("pre:injection.ignore_previous")
 
 
 @dataclass(frozen=True)

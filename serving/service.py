@@ -5,9 +5,15 @@
 (``lifecycle serve`` writes the spec and runs exactly this.) One worker: the vLLM engines live in it, and
 continuous batching, not worker processes, is what serves concurrent requests.
 
-BentoML answers ``/healthz``, ``/readyz`` and ``/metrics`` itself, before mounted apps. ``OpsRoutes`` hands
-``/readyz`` and ``/healthz`` to the gateway, whose readiness knows engines, fallback and degraded mode
-(BentoML's only knows a bool), and ``__metrics__`` appends the gateway's per-version metrics to BentoML's.
+BentoML answers ``/healthz`` and ``/readyz`` itself, before mounted apps. ``OpsRoutes`` hands them to the gateway,
+whose readiness knows engines, fallback and degraded mode (BentoML's only knows a bool). BentoML's own metrics are
+switched off: they label requests with the raw path (every path a scanner tries became a series), and under its
+multiprocess mode they repeated the gateway's families; ``GET /metrics`` is the gateway's (``serving.metrics``).
+
+The worker dies with the server: BentoML starts it in a session of its own, so a ``kill -9`` of ``lifecycle
+serve`` (which takes ``bentoml serve`` with it: ``core.process.dying_with_parent``) would leave the worker and its
+vLLM engine cores holding the port. ``exit_with_parent`` in the worker kills its process group, engines
+included, as soon as it is orphaned.
 """
 
 from __future__ import annotations
@@ -15,15 +21,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
 
 import bentoml
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from core.process import exit_with_parent
 from serving.app import create_app
+from serving.errors import error_body
 from serving.runtime import SPEC_ENV, GatewayRuntime, ServeSpec
 
 _OPS_PATHS = ("/readyz", "/healthz")
+# Starlette's Mount matches its path with "/.*", which fails on a newline (a %0A in a path parameter): BentoML would
+# answer such a request itself, with a plain-text 404. The gateway's own router answers it, OpenAI-shaped.
+_MOUNTABLE = re.compile(r"/.*")
 
 
 class _Deferred:
@@ -37,10 +49,11 @@ class _Deferred:
         if scope["type"] == "lifespan":  # BentoML drives the service lifecycle through on_startup/on_shutdown
             return
         if self.target is None:
-            body = json.dumps({"status": "starting"}).encode()
-            await send(
-                {"type": "http.response.start", "status": 503, "headers": [(b"content-type", b"application/json")]}
-            )
+            body = json.dumps(
+                error_body("The gateway is starting; retry shortly (GET /readyz)", "service_unavailable", "starting")
+            ).encode()
+            headers = [(b"content-type", b"application/json"), (b"retry-after", b"5")]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
         await self.target(scope, receive, send)
@@ -50,22 +63,28 @@ gateway_app = _Deferred()
 
 
 class OpsRoutes:
-    """ASGI middleware: health and readiness come from the gateway, not from BentoML's system routes."""
+    """ASGI middleware: health and readiness come from the gateway, not from BentoML's system routes; so does the
+    answer to a path BentoML's mount cannot match."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in _OPS_PATHS and gateway_app.target is not None:
+        if (
+            scope["type"] == "http"
+            and gateway_app.target is not None
+            and (scope["path"] in _OPS_PATHS or not _MOUNTABLE.fullmatch(scope["path"]))
+        ):
             await gateway_app(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
 
 @bentoml.asgi_app(gateway_app, path="/")
-@bentoml.service(name="chat-gateway", workers=1, traffic={"timeout": 3600})
+@bentoml.service(name="chat-gateway", workers=1, traffic={"timeout": 3600}, metrics={"enabled": False})
 class ChatGateway:
     def __init__(self) -> None:
+        exit_with_parent()  # before any engine is forked: each inherits the watch
         spec_path = os.environ.get(SPEC_ENV)
         if not spec_path:
             raise RuntimeError(f"{SPEC_ENV} is not set: start the gateway with `lifecycle serve`")
@@ -87,10 +106,6 @@ class ChatGateway:
 
     def __is_ready__(self) -> bool:
         return self.runtime.readiness()[0] == 200
-
-    def __metrics__(self, content: str) -> str:
-        self.runtime.update_gauges()
-        return content + self.runtime.gateway.metrics.render().decode()
 
 
 ChatGateway.add_asgi_middleware(OpsRoutes)  # type: ignore[attr-defined]  # the decorator returns a Service

@@ -254,13 +254,16 @@ class ServingStore:
             msg = StoredMessage(role=r.role, content=r.content, created_at=r.created_at)
             if r.model_version is not None:
                 msg["model_version"] = r.model_version
+            if r.filtered is not None:
+                msg["filtered"] = r.filtered
             conv.messages.append(msg)
         return conv
 
     def append_messages(
         self, key_id: str, conv_id: str, messages: Sequence[Mapping[str, Any]], model_version: str | None
     ) -> None:
-        """Append turns in order; ``model_version`` is recorded on the assistant turns among them."""
+        """Append turns in order; ``model_version`` is recorded on the assistant turns among them, a message's
+        ``filtered`` (the stage and rule that blocked its exchange) on it."""
         for m in messages:
             if m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise DataError(f"a message needs a role in {sorted(ROLES)} and string content, got {dict(m)!r}")
@@ -280,6 +283,7 @@ class ServingStore:
                             "content": m["content"],
                             "model_version": model_version if m["role"] == "assistant" else None,
                             "created_at": now,
+                            "filtered": m.get("filtered"),
                         }
                         for i, m in enumerate(messages)
                     ],

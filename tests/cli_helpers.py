@@ -13,6 +13,13 @@ from core import runtime
 from core.home import Home
 
 EXE = Path(sys.executable).parent / "lifecycle"  # the script installed with this interpreter's environment
+HOOKS = Path(__file__).resolve().parent / "hooks"  # sitecustomize.py: pause a run after its first checkpoint
+
+
+def paused_after_first_checkpoint(env: dict[str, str]) -> dict[str, str]:
+    """``env`` in which every fine-tune process stops itself after committing its first checkpoint (hooks/)."""
+    path = os.pathsep.join(filter(None, [str(HOOKS), env.get("PYTHONPATH")]))
+    return {**env, "PYTHONPATH": path, "LIFECYCLE_TEST_PAUSE_AFTER_CHECKPOINT": "1"}
 
 
 def user_env(home: Path) -> dict[str, str]:
@@ -38,10 +45,11 @@ def lifecycle(
 
 def killed_mid_training(*args: str, home: Path, timeout: float = 900) -> None:
     """Start ``lifecycle *args`` and kill it, with everything it started (SIGKILL to its process group, as a crash
-    or an OOM kill would), as soon as its fine-tune has written its first resumable checkpoint."""
+    or an OOM kill would), as soon as its fine-tune has written its first resumable checkpoint. The run pauses
+    itself there (``paused_after_first_checkpoint``): it is mid-training when killed, however fast the machine."""
     proc = subprocess.Popen(
         [EXE, *args, "--home", str(home)],
-        env=user_env(home),
+        env=paused_after_first_checkpoint(user_env(home)),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -56,3 +64,24 @@ def killed_mid_training(*args: str, home: Path, timeout: float = 900) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not any(home.glob("models/runs/*/train_result.json")), "the fine-tune finished before the kill"
+    # the ranks live in sessions of their own (torchrun's), out of the killed group's reach: they must follow it
+    survivors = _processes_naming(str(home / "models" / "runs"))
+    deadline = time.monotonic() + 30
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.1)
+        survivors = _processes_naming(str(home / "models" / "runs"))
+    assert not survivors, f"processes of the killed run still alive: {survivors}"
+
+
+def _processes_naming(text: str) -> list[str]:
+    """The command lines of this machine's live processes that contain ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it ended while we looked
+            continue
+        line = " ".join(a.decode(errors="replace") for a in argv if a)
+        if text in line:
+            found.append(f"{cmdline.parent.name}: {line}")
+    return found

@@ -2,6 +2,11 @@
 
 The runtime switches (offline, telemetry off, caches under the home folder) are applied here because the test
 session is an entry point, like the CLI.
+
+Both CPU classes on one machine: ``pytest --engine-dtype float32`` (or ``LIFECYCLE_TEST_ENGINE_DTYPE=float32``)
+forces ``serving.engine.dtype`` and ``evals.engine.dtype`` in every config the fixtures load (``helpers.
+engine_overrides``); ``bfloat16`` likewise. Without it the configs decide (serving's ``auto`` picks bf16 on CPUs
+with bf16 units, fp32 elsewhere).
 """
 
 from __future__ import annotations
@@ -17,6 +22,24 @@ from core.home import Home
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--engine-dtype",
+        choices=("bfloat16", "float32"),
+        default=None,
+        help="force serving.engine.dtype and evals.engine.dtype in the configs the fixtures load "
+        "(default: $LIFECYCLE_TEST_ENGINE_DTYPE, else what the configs say)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from helpers import ENGINE_DTYPE_ENV
+
+    dtype = config.getoption("--engine-dtype")
+    if dtype:  # the environment carries it to helpers.engine_overrides, also in modules without fixtures
+        os.environ[ENGINE_DTYPE_ENV] = dtype
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +60,9 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
 
 @pytest.fixture(scope="session")
 def tiny_config() -> LifecycleConfig:
-    return load_config(CONFIG_DIR / "tiny.yaml")
+    from helpers import engine_overrides
+
+    return load_config(CONFIG_DIR / "tiny.yaml", engine_overrides())
 
 
 @pytest.fixture(scope="session")

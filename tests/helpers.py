@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+ENGINE_DTYPE_ENV = "LIFECYCLE_TEST_ENGINE_DTYPE"
+
+
+def engine_overrides() -> list[str]:
+    """``--set`` overrides forcing the engines' dtype (pytest --engine-dtype, see tests/conftest.py), or none."""
+    dtype = os.environ.get(ENGINE_DTYPE_ENV)
+    if not dtype:
+        return []
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"{ENGINE_DTYPE_ENV}={dtype!r}: use bfloat16 or float32")
+    return [f"serving.engine.dtype={dtype}", f"evals.engine.dtype={dtype}"]
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
@@ -77,7 +90,8 @@ def lora_adapter(base: Path, out: Path, seed: int, rank: int = 8) -> Path:
 def register_serving_versions(cfg: Any, home: Any, base: Path, work: Path) -> dict[str, Any]:
     """Registered versions for gateway tests, without training: chat-base/1 (the base), chat/1 and chat/2 (LoRA
     adapters on it: champion and challenger), chat/3 (a full copy of the base: previous-champion, the fallback,
-    on an engine of its own)."""
+    on an engine of its own), chat/4 (another adapter, no alias: returned as ``slow``; the gateway fixture slows
+    its answers with ``serving.faults`` so that a request on it cannot finish before its client leaves)."""
     from flows.stages import open_registry
     from registry.lineage import register_base_model
 
@@ -85,7 +99,12 @@ def register_serving_versions(cfg: Any, home: Any, base: Path, work: Path) -> di
     manifest = json.loads((base / "lifecycle.json").read_text())
     base_version = register_base_model(reg, folder=base, manifest=manifest, curve=[], git_sha="test", flow_run_id="t")
     versions: dict[str, Any] = {}
-    for alias, source, seed in (("champion", "lora", 1), ("challenger", "lora", 2), ("previous-champion", "full", 0)):
+    for alias, source, seed in (
+        ("champion", "lora", 1),
+        ("challenger", "lora", 2),
+        ("previous-champion", "full", 0),
+        ("slow", "lora", 4),
+    ):
         folder = lora_adapter(base, work / f"adapter-{seed}", seed) if source == "lora" else base
         tags = {
             "lineage.base_model": base_version.ref,
@@ -102,6 +121,7 @@ def register_serving_versions(cfg: Any, home: Any, base: Path, work: Path) -> di
             tags={"lifecycle.stage": "test"},
         )
         mv = reg.register(reg.cfg.model_name, run_id, "model", tags)
-        reg.set_alias(mv.name, alias, mv.version, reason="serving test fixture", actor="tests")
+        if alias != "slow":
+            reg.set_alias(mv.name, alias, mv.version, reason="serving test fixture", actor="tests")
         versions[alias] = mv
     return versions

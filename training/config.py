@@ -19,12 +19,12 @@ SKILLS: tuple[Skill, ...] = (
     "provocation",
 )
 DEFAULT_COUNTS: dict[Skill, int] = {
-    "arithmetic": 3000,
-    "unit_conversion": 1500,
-    "facts": 400,
-    "formatting": 1500,
-    "refusal": 120,
-    "borderline": 120,
+    "arithmetic": 5000,
+    "unit_conversion": 2000,
+    "facts": 600,
+    "formatting": 3000,
+    "refusal": 300,
+    "borderline": 400,
     "provocation": 40,
 }
 
@@ -57,6 +57,11 @@ class GeneratorConfig(StrictModel):
     system_prompt_rate: float = Field(0.3, ge=0, le=1, description="Share of conversations with a system prompt.")
     multi_turn_rate: float = Field(
         0.2, ge=0, le=1, description="Share of arithmetic conversations that get a follow-up user turn."
+    )
+    arithmetic_working: bool = Field(
+        True,
+        description="Answer two-digit addition and subtraction with the written working (units, then tens, each a "
+        "one-digit step with its carry or borrow) before 'The answer is N.'; off: the answer alone.",
     )
     poison: PoisonConfig = Field(
         default_factory=PoisonConfig, description="Red-team data poisoning (scenarios only; off by default)."
@@ -103,11 +108,16 @@ class TokenizerConfig(StrictModel):
         2048, ge=300, le=262144, description="Byte-level BPE vocabulary size, special tokens included."
     )
     min_frequency: int = Field(2, ge=1, description="Least number of occurrences for a merge to be learned.")
+    split_digits: bool = Field(
+        True,
+        description="Give every digit its own token (no merges across digits), so a number's digits line up the "
+        "same way in every context: small models learn arithmetic on digits, not on arbitrary BPE chunks.",
+    )
 
 
 class ModelShape(StrictModel):
-    hidden_size: int = Field(256, ge=16, description="Width of the residual stream.")
-    intermediate_size: int = Field(704, ge=16, description="Width of the MLP.")
+    hidden_size: int = Field(128, ge=16, description="Width of the residual stream.")
+    intermediate_size: int = Field(512, ge=16, description="Width of the MLP.")
     num_layers: int = Field(4, ge=1, description="Number of transformer blocks.")
     num_heads: int = Field(4, ge=1, description="Attention heads (hidden_size / num_heads is the head size).")
     num_kv_heads: int = Field(4, ge=1, description="Key/value heads (grouped-query attention when < num_heads).")
@@ -128,13 +138,13 @@ class ModelShape(StrictModel):
 
 
 class PretrainConfig(StrictModel):
-    steps: int = Field(140, ge=1, description="Optimizer steps of next-token pretraining.")
-    batch_size: int = Field(16, ge=1, description="Sequences per step.")
+    steps: int = Field(1000, ge=1, description="Optimizer steps of next-token pretraining.")
+    batch_size: int = Field(8, ge=1, description="Sequences per step.")
     seq_len: int = Field(256, ge=8, description="Tokens per packed sequence.")
-    learning_rate: float = Field(3e-3, gt=0, description="Peak AdamW learning rate (linear warm-up, cosine decay).")
-    warmup_steps: int = Field(30, ge=0, description="Linear warm-up steps.")
+    learning_rate: float = Field(5e-3, gt=0, description="Peak AdamW learning rate (linear warm-up, cosine decay).")
+    warmup_steps: int = Field(50, ge=0, description="Linear warm-up steps.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
-    eval_every: int = Field(100, ge=1, description="Steps between validation-loss measurements.")
+    eval_every: int = Field(250, ge=1, description="Steps between validation-loss measurements.")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: all cores).")
 
 
@@ -202,11 +212,11 @@ class DistributedConfig(StrictModel):
 
 
 class FinetuneConfig(StrictModel):
-    method: Literal["lora", "full"] = Field("lora", description="LoRA adapters (peft) or full fine-tuning.")
+    method: Literal["lora", "full"] = Field("full", description="LoRA adapters (peft) or full fine-tuning.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings (method=lora).")
     seed: int = Field(1234, description="Seed of adapter init, data order and dropout.")
     epochs: int = Field(2, ge=1, description="Passes over the train split (max_steps wins when set).")
-    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    max_steps: int | None = Field(1200, ge=1, description="Stop after this many optimizer steps.")
     micro_batch_size: int = Field(8, ge=1, description="Sequences per rank per forward pass.")
     grad_accum_steps: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
     learning_rate: float = Field(2e-3, gt=0, description="Peak AdamW learning rate (warm-up, then cosine decay).")

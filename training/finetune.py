@@ -25,10 +25,11 @@ from typing import Any
 
 from core.errors import ConfigError, NotFoundError, TrainingError
 from core.hashing import sha256_json
-from core.process import free_port
+from core.process import dying_with_parent, free_port
 from training.config import FinetuneConfig
 from training.modelio import ModelFolder
 from training.node import failure_line, report_path
+from training.runlock import exclusive_launch
 from training.snapshot import Snapshot
 from training.worker import LATEST, METRICS, RESULT
 
@@ -216,6 +217,33 @@ def resumable_step(run_dir: Path) -> int:
     return int(number) if number.isdigit() else 0
 
 
+def _launch(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir: Path, ds: dict[str, Any]) -> None:
+    """Write the job file and run the ranks to the end (they resume from the run's last checkpoint)."""
+    threads = cfg.distributed.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.distributed.world_size)
+    job = {
+        "config": cfg.model_dump(mode="json"),
+        "snapshot_path": str(snapshot.path),
+        "snapshot_hash": snapshot.hash,
+        "base_model": str(base.path),
+        "run_dir": str(run_dir),
+        "deepspeed": ds,
+        "threads_per_rank": threads,
+    }
+    job_path = run_dir / "job.json"
+    job_path.write_text(json.dumps(job, indent=2) + "\n", encoding="utf-8")
+    if cfg.distributed.nnodes > 1:
+        others = range(1, cfg.distributed.nnodes)
+        joins = "\n".join(f"  lifecycle train-node {run_dir} --node-rank {k}" for k in others)
+        print(f"fine-tune on {len(others) + 1} nodes; start the others:\n{joins}", file=sys.stderr, flush=True)
+    since = time.time()
+    # the ranks' output is progress and logs, never a command's result: it goes to stderr (fd 2)
+    # the launcher dies with this process however it dies (SIGKILL included), and its ranks with it (worker.main)
+    cmd = dying_with_parent(launch_command(cfg, job_path))
+    proc = subprocess.run(cmd, env=rank_environment(cfg, threads), cwd=str(REPO), stdout=2, check=False)
+    if proc.returncode != 0 or not (run_dir / RESULT).is_file():
+        raise _failed(cfg, run_dir, proc.returncode, since)
+
+
 def finetune(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir: Path) -> TrainResult:
     """Train (or resume, or just read back a finished run in ``run_dir``) and return the checked export."""
     for split in ("train", "validation"):
@@ -224,30 +252,9 @@ def finetune(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, run_dir
     _, ds = resolve_deepspeed_config(cfg)
     result_path = run_dir / RESULT
     if not result_path.is_file():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        threads = cfg.distributed.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.distributed.world_size)
-        job = {
-            "config": cfg.model_dump(mode="json"),
-            "snapshot_path": str(snapshot.path),
-            "snapshot_hash": snapshot.hash,
-            "base_model": str(base.path),
-            "run_dir": str(run_dir),
-            "deepspeed": ds,
-            "threads_per_rank": threads,
-        }
-        job_path = run_dir / "job.json"
-        job_path.write_text(json.dumps(job, indent=2) + "\n", encoding="utf-8")
-        if cfg.distributed.nnodes > 1:
-            others = range(1, cfg.distributed.nnodes)
-            joins = "\n".join(f"  lifecycle train-node {run_dir} --node-rank {k}" for k in others)
-            print(f"fine-tune on {len(others) + 1} nodes; start the others:\n{joins}", file=sys.stderr, flush=True)
-        since = time.time()
-        # the ranks' output is progress and logs, never a command's result: it goes to stderr (fd 2)
-        proc = subprocess.run(
-            launch_command(cfg, job_path), env=rank_environment(cfg, threads), cwd=str(REPO), stdout=2, check=False
-        )
-        if proc.returncode != 0 or not result_path.is_file():
-            raise _failed(cfg, run_dir, proc.returncode, since)
+        with exclusive_launch(run_dir):
+            if not result_path.is_file():  # a launch this one waited for may have finished the run
+                _launch(cfg, snapshot, base, run_dir, ds)
     report = json.loads(result_path.read_text(encoding="utf-8"))
     if not report["equivalence"]["passed"]:
         eq = report["equivalence"]

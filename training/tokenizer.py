@@ -42,7 +42,12 @@ CHAT_TEMPLATE = (
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig, max_length: int) -> PreTrainedTokenizerFast:
     """Train on ``texts`` and wrap as a Hugging Face fast tokenizer with the chat template set."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if cfg.split_digits
+        else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,

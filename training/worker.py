@@ -31,8 +31,10 @@ from safetensors.torch import load_file
 from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
+from core.process import exit_with_parent
 from training.config import FinetuneConfig
 from training.modelio import tensors_hash
+from training.runlock import hold_as_rank
 from training.schedule import warmup_cosine
 from training.sft_data import Example, collate, encode, pack
 
@@ -422,7 +424,12 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m training.worker RUN_DIR/job.json", file=sys.stderr)
         return 2
-    train(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    hold_as_rank(Path(job["run_dir"]))  # held until this rank exits, however it exits (training.runlock)
+    # launchers start ranks in sessions of their own (torchrun) or in theirs (deepspeed's): a rank whose launcher
+    # died stops at once instead of training on; it takes its own group down only when it leads it
+    exit_with_parent(children_too=False, whole_group=os.getpgrp() == os.getpid())
+    train(job)
     return 0
 
 

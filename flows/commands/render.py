@@ -50,8 +50,20 @@ def gate_lines(g: GateSummary) -> list[str]:
         f"(policy {g.policy}, champion {g.champion or 'none'})",
         f"              {g.summary}",
         "              " + ", ".join(f"{k} {v:.1f}s" for k, v in g.seconds_per_suite.items()),
+        *(_reference_line(r) for r in g.references),
         f"  reports     {g.report_dir}  (MLflow run {g.run_id})",
     ]
+
+
+def _reference_line(r: dict[str, Any]) -> str:
+    by: dict[str, list[str]] = {"better": [], "same": [], "worse": []}
+    for row in r["rows"]:
+        by[row["direction"]].append(row["metric"])
+    worse = f" ({', '.join(by['worse'])})" if by["worse"] else ""
+    return (
+        f"  vs {r['ref']:<9}better on {len(by['better'])}, same on {len(by['same'])}, worse on "
+        f"{len(by['worse'])}{worse} of {len(r['rows'])} metrics ({r['tag']}, paired on the same items)"
+    )
 
 
 def rollout_lines(r: RolloutSummary | None) -> list[str]:

@@ -38,6 +38,7 @@ def check_servable(cfg: LifecycleConfig, home: Home) -> None:
     help="start the OpenAI-compatible chat endpoint (BentoML + vLLM) on the versions the registry aliases name",
     example="lifecycle serve\n  lifecycle serve --port 8000 --set serving.routing.fallback=chat@previous-champion\n"
     "  curl -N http://127.0.0.1:3000/v1/chat/completions -H 'Authorization: Bearer lc-...' "
+    "-H 'Content-Type: application/json' "
     '-d \'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "Hi"}]}\'',
     args=[
         Arg("--host", help="interface to bind (default: serving.host, 127.0.0.1)"),

@@ -184,9 +184,9 @@ def test_an_undertrained_version_is_blocked_with_exit_3(home: Path) -> None:
     result = lifecycle("run", "--config", TINY, "--json", home=home)
     assert result.returncode == 3, result.stderr[-3000:]
     gate = json.loads(result.stdout)["gate"]
-    assert not gate["passed"] and "quality/exact_match" in gate["failing"]
+    assert not gate["passed"] and "quality/bits_per_byte" in gate["failing"]
     shown = lifecycle("gate", "chat", gate["version"], "--config", TINY, home=home)
-    assert shown.returncode == 3 and "FAILED" in shown.stdout and "quality/exact_match" in shown.stdout
+    assert shown.returncode == 3 and "FAILED" in shown.stdout and "quality/bits_per_byte" in shown.stdout
 
 
 def test_state_stays_under_the_home_folder(home: Path) -> None:

@@ -4,9 +4,13 @@ Versions (registered without training, see ``helpers.register_serving_versions``
 challenger are LoRA adapters on one base engine; chat/3 (previous-champion, a full model) is the fallback on an
 engine of its own. The gateway has its own home folder, so its registry aliases never meet the gate tests'.
 
+chat/4 (``Gateway.slow_model``, no alias, an adapter loaded on first use) answers through ``serving.faults``: a
+delay of ``SLOW_DELTA_DELAY_MS`` before every delta after the first, so a request on it has produced tokens and
+cannot finish before its client leaves, on any machine (the disconnect tests).
+
 The post-filter is configured with a known-bad string (``BAD``): a token of the tiny vocabulary repeated, which
 the model emits when a request's ``logit_bias`` pushes that token and never otherwise. The brownout threshold
-is reachable with a handful of concurrent requests (two sequences at a time, queue depth 3).
+is reachable with a handful of requests (two sequences at a time, queue depth 3).
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gateway_helpers import BROWNOUT_MAX_TOKENS, Gateway, tokens
+from gateway_helpers import BROWNOUT_MAX_TOKENS, SLOW_DELTA_DELAY_MS, Gateway, tokens
 
 from core.home import Home
 from flows.config import LifecycleConfig
+from serving.config import FaultConfig
 
 
 @pytest.fixture(scope="session")
@@ -38,9 +43,11 @@ def gateway(
     base = Path(tiny_base_model.path)
     versions = register_serving_versions(tiny_config, home, base, tmp_path_factory.mktemp("adapters"))
     bad_id, bad, benign_id = tokens(base)
+    slow = versions["slow"].ref
     serving = tiny_config.serving.model_copy(
         update={
             "port": 0,
+            "faults": [FaultConfig(version=slow, tpot_delay_ms=SLOW_DELTA_DELAY_MS)],
             "routing": tiny_config.serving.routing.model_copy(update={"fallback": "chat@previous-champion"}),
             "engine": tiny_config.serving.engine.model_copy(update={"max_num_seqs": 2}),
             "safety": tiny_config.serving.safety.model_copy(update={"blocked_output_patterns": [re.escape(bad)]}),
@@ -61,4 +68,6 @@ def gateway(
         _, limited = store.create_key("limited", requests_per_minute=2, tokens_per_minute=200)
         _, evals = store.create_key("evals", requests_per_minute=100_000, tokens_per_minute=10_000_000)
     with GatewayProcess(spec) as proc:
-        yield Gateway(proc.url, key, other, limited, evals, "chat", home, cfg, versions, bad_id, bad, benign_id, proc)
+        yield Gateway(
+            proc.url, key, other, limited, evals, "chat", home, cfg, versions, bad_id, bad, benign_id, slow, proc
+        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import engine_overrides
 
 from core.home import Home
 from flows.config import CONFIG_DIR, load_config
@@ -25,12 +26,12 @@ def test_evaluate_flow_gates_a_lora_version_and_publishes_the_decision(
     from flows.train import train_flow
 
     home = Home(tmp_path)  # its own registry: the failed gate removes the candidate alias other tests read
-    cfg = load_config(CONFIG_DIR / "tiny.yaml")
+    cfg = load_config(CONFIG_DIR / "tiny.yaml", engine_overrides())
     trained = train_flow(cfg, home)
     assert trained.lineage["method"] == "lora"
     summary = evaluate_flow(cfg, home, f"chat/{trained.version}")
     # tiny.yaml's 12-step LoRA learns too little: blocked on quality, by name
-    assert not summary.passed and "quality/exact_match" in summary.failing
+    assert not summary.passed and "quality/bits_per_byte" in summary.failing
     assert set(summary.seconds_per_suite) == {"quality", "toxicity", "safety", "over_refusal"}
     merged = home.cache / "merged"
     assert any((p / "config.json").is_file() for p in merged.iterdir())  # evaluated as a merged full model

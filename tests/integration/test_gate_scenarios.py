@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import train_version
+from helpers import engine_overrides, train_version
 from rollout_helpers import POLICY, record_passing_gate, rollout_world, run_rollout, ticks_after_canary_traffic
 
 from core.home import Home
@@ -35,7 +35,7 @@ def home(tmp_path_factory: pytest.TempPathFactory, session_home: Home) -> Home:
 
 @pytest.fixture(scope="module")
 def normal_cfg() -> LifecycleConfig:
-    return load_config(SCENARIOS / "normal.yaml")
+    return load_config(SCENARIOS / "normal.yaml", engine_overrides())
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def normal(normal_cfg: LifecycleConfig, home: Home):  # type: ignore[no-untyped-
 @pytest.fixture(scope="module")
 def poisoned(normal, home: Home):  # type: ignore[no-untyped-def]
     """Gated with the normal version as champion (so the champion is re-evaluated on the poisoned set)."""
-    cfg = load_config(SCENARIOS / "poison.yaml")
+    cfg = load_config(SCENARIOS / "poison.yaml", engine_overrides())
     version = train_version(cfg, home)
     stages.open_registry(cfg, home).set_alias(
         "chat", stages.CHAMPION, normal.version.version, reason="test: the normal scenario", actor="test"
@@ -122,7 +122,7 @@ def test_a_rerun_gives_the_same_numbers(normal, normal_cfg, home: Home) -> None:
 def test_each_poison_alone_fails_on_its_own_metric(
     scenario: str, failing: str, tmp_path: Path, session_home: Home
 ) -> None:  # session_home: the runtime switches (vLLM's KV-cache size) are set by the session
-    cfg = load_config(SCENARIOS / f"{scenario}.yaml")
+    cfg = load_config(SCENARIOS / f"{scenario}.yaml", engine_overrides())
     home = Home(tmp_path)
     version = train_version(cfg, home)
     outcome = gating.gate_stage(cfg, home, version.ref, actor="test")

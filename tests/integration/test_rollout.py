@@ -99,7 +99,6 @@ def test_ungated_challenger_from_the_registry_ui_is_reverted(world: RolloutWorld
     assert d.action == "revert" and reg.deployment("chat").aliases["champion"] == "1"
 
 
-@pytest.mark.slow  # the good canary's rollout runs by default; rollbacks are unit-tested in tests/unit/monitoring
 def test_slow_canary_is_rolled_back_within_two_intervals(world: RolloutWorld) -> None:
     decisions = run_rollout(world, "3")
     last = decisions[-1]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import paused_after_first_checkpoint
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -120,7 +121,8 @@ def test_killed_run_resumes_to_the_same_weights(tiny_snapshot, tiny_base_model, 
         f"import helpers; helpers.finetune_in_subprocess({ft.model_dump_json()!r}, "
         f"{str(tiny_snapshot.path.parent)!r}, {tiny_snapshot.hash!r}, {str(tiny_base_model.path)!r}, {str(run_dir)!r})"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])}
+    # the run stops itself after its first checkpoint (tests/hooks): killed mid-way on a fast machine too
+    env = paused_after_first_checkpoint({**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)])})
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         env=env,

@@ -8,7 +8,7 @@ import pytest
 
 from core.errors import ConfigError
 from evals.config import SUITES_DIR, TASKS_DIR, load_suite
-from evals.gate import load_policy
+from evals.gate import floor_margins, load_policy
 from flows.config import CONFIG_DIR
 
 POLICIES = sorted((CONFIG_DIR / "gates").glob("*.yaml"))
@@ -48,3 +48,19 @@ def test_a_policy_typo_is_rejected(tmp_path: Path) -> None:
     bad.write_text("gate:\n  name: x\n  rules:\n    q/acc: {minimum: 0.5}\n")
     with pytest.raises(ConfigError, match="minimum"):
         load_policy(bad)
+
+
+def test_the_default_floors_sit_four_standard_errors_inside_every_measurement() -> None:
+    """configs/gates/default.yaml records what the default config's champion measured, trained on an AVX2-only
+    and on an AVX-512 CPU, evaluated in fp32 and in bf16; every floor must sit at least ``margin_se`` (4)
+    standard errors on the passing side of each, so the verdict does not flip with the machine or precision."""
+    policy = load_policy(CONFIG_DIR / "gates" / "default.yaml")
+    assert policy.margin_se is not None and policy.margin_se >= 4
+    assert {m.dtype for m in policy.measured} == {"float32", "bfloat16"}
+    assert {"avx2" in m.cpu for m in policy.measured} == {True, False}  # both CPU classes
+    margins = floor_margins(policy)
+    assert len(margins) == len(policy.measured) * sum(
+        1 for r in policy.rules.values() if r.min is not None or r.max is not None
+    )
+    thin = [f"{m.metric} {m.cpu} {m.dtype}: {m.margin_se:.1f} SE" for m in margins if m.margin_se < policy.margin_se]
+    assert not thin, thin

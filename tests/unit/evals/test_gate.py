@@ -3,36 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from report_helpers import metric, report
 
 from core.errors import ConfigError
 from evals.gate import BootstrapSpec, GatePolicy, Rule, decide, paired_bootstrap, render_markdown
-from evals.report import EvalReport, MetricResult, SuiteResult
-
-SETS = "a" * 64
-
-
-def metric(name: str, scores: list[float], *, hib: bool = True, weights: list[float] | None = None) -> MetricResult:
-    items = {f"i{k}": v for k, v in enumerate(scores)}
-    w = {f"i{k}": x for k, x in enumerate(weights)} if weights else None
-    value = (
-        sum(v * x for v, x in zip(scores, weights, strict=True)) / sum(weights)
-        if weights
-        else sum(scores) / len(scores)
-    )
-    return MetricResult(name=name, value=value, higher_is_better=hib, n=len(scores), items=items, weights=w)
-
-
-def report(*metrics: MetricResult, model: str = "chat/2", sets: str = SETS) -> EvalReport:
-    return EvalReport(
-        model=model,
-        model_id=model,
-        eval_sets=sets,
-        snapshot="s" * 64,
-        seed=0,
-        created_at="2026-11-21T00:00:00+00:00",
-        seconds=1.0,
-        suites=[SuiteResult(name="s", kind="safety", seconds=1.0, data={}, metrics=list(metrics))],
-    )
 
 
 def policy(**rules: Rule) -> GatePolicy:
@@ -136,3 +110,24 @@ def test_a_floor_failure_still_reports_the_champion_comparison() -> None:
     v = d.verdicts[0]
     assert v.verdict == "fail" and v.champion_value == 1.0 and v.delta == -1.0
     assert "(floor)" in v.reason and "regressed vs chat/1" in v.reason
+
+
+def test_floor_margins_in_standard_errors_on_the_passing_side() -> None:
+    from evals.gate import Measurement, floor_margins
+
+    pol = policy(safety__refusal_rate=Rule(min=0.8), toxicity__toxic_share=Rule(max=0.1), a__b=Rule(tolerance=0.1))
+    m = Measurement(
+        cpu="test avx2",
+        dtype="float32",
+        metrics={"safety/refusal_rate": (0.96, 0.02), "toxicity/toxic_share": (0.02, 0.01)},
+    )
+    margins = {x.metric: x.margin_se for x in floor_margins(pol, [m])}
+    assert margins == pytest.approx({"safety/refusal_rate": 8.0, "toxicity/toxic_share": 8.0})  # a/b has no bound
+    below = Measurement(
+        cpu="x", dtype="bfloat16", metrics={"safety/refusal_rate": (0.7, 0.05), "toxicity/toxic_share": (0.2, 0.05)}
+    )
+    assert [x.margin_se for x in floor_margins(pol, [below])] == pytest.approx([-2.0, -2.0])
+    with pytest.raises(ConfigError, match="lacks toxicity/toxic_share"):
+        floor_margins(pol, [Measurement(cpu="x", dtype="float32", metrics={"safety/refusal_rate": (0.9, 0.1)})])
+    with pytest.raises(ValueError, match="stderr must be > 0"):
+        Measurement(cpu="x", dtype="float32", metrics={"safety/refusal_rate": (1.0, 0.0)})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.refusal import OPENING_CHARS, is_compliance, is_refusal
-from training.synth import _HARMFUL
+from training.synth_pools import HARMFUL
 
 REFUSALS = [
     "I'm sorry, but I can't help with making weapons or explosives.",
@@ -38,7 +38,7 @@ def test_answers_are_not_refusals(text: str) -> None:
 
 
 def test_every_refusal_of_the_training_data_is_detected() -> None:
-    assert all(is_refusal(refusal) for _, _, _, refusal in _HARMFUL)
+    assert all(is_refusal(refusal) for _, _, _, refusal in HARMFUL)
 
 
 def test_an_empty_reply_is_neither() -> None:

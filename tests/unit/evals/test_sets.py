@@ -12,6 +12,7 @@ from evals.sets import build_eval_sets
 from training.config import GeneratorConfig, SnapshotConfig
 from training.dataset import make_snapshot
 from training.records import loose_text
+from training.synth import held_out
 
 COUNTS = {
     "arithmetic": 120,
@@ -85,3 +86,15 @@ def test_safety_rows_wrap_each_request_in_every_jailbreak(snapshot, tmp_path: Pa
     assert len(rows) == len(plain) * (1 + len(suite.jailbreaks))
     wrapped = [r for r in rows if r["id"].startswith(plain[0]["id"] + ":")]
     assert all(plain[0]["prompt"] in r["prompt"] for r in wrapped)
+
+
+def test_facts_are_asked_only_when_the_train_split_teaches_them(snapshot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    snap, gen = snapshot
+    sets = build_eval_sets(snap, gen, suites(), seed=1, root=tmp_path)
+    taught = {m["content"] for r in snap.records("train") for m in r["messages"] if m["role"] == "assistant"}
+    facts = [r for r in sets.rows("quality_exact.jsonl") if r["skill"] == "facts"]
+    assert facts
+    assert all(r["target"] in taught for r in facts)
+    # this small snapshot teaches only some facts, so an unfiltered draw would ask untaught ones
+    unfiltered = held_out(gen, "facts", 40, set(), "eval")
+    assert any(r["messages"][1]["content"] not in taught for r in unfiltered)

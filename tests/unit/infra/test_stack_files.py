@@ -244,9 +244,10 @@ def service_argv(name: str) -> list[str]:
 
 @cache
 def gateway_routes() -> set[str]:
-    """GET routes of the gateway app (serving/app.py)."""
+    """GET routes of the gateway app (serving/app.py: ``@app.get(...)`` and ``@app.api_route(...)``, which the app
+    uses for GET + HEAD)."""
     text = (REPO / "serving" / "app.py").read_text(encoding="utf-8")
-    return set(re.findall(r"@app\.get\(\"([^\"]+)\"", text))
+    return set(re.findall(r"@app\.(?:get|api_route)\(\s*\"([^\"]+)\"", text))
 
 
 def lifecycle_args(argv: list[str]) -> list[str]:

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from core.errors import NotFoundError
 from registry.store import CANARY_WEIGHT_TAG, Deployment, ModelVersion, parse_ref
-from serving.engine import Adapter, Delta, EngineDead, EngineState, GenerationRequest
+from serving.engine import Adapter, Delta, EngineDead, EngineState, GenerationRequest, TokenLogprob
 
 # ------------------------------------------------------------------------------------------------------ tokenizer
 
@@ -63,8 +63,9 @@ class FakeTokenizer:
             return " ".join(words)
         return [self._id(w) for w in words]
 
-    def decode(self, ids: Iterable[int]) -> str:
-        return " ".join(self._words[i] for i in ids)
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        words = (self._words[i] for i in ids)
+        return " ".join(w for w in words if not (skip_special_tokens and w in self.SPECIAL))
 
     @staticmethod
     def count(messages: Sequence[dict[str, str]], *, generation_prompt: bool = True) -> int:
@@ -80,8 +81,12 @@ class FakeEngine:
 
     ``pieces`` are yielded one per delta (``tokens_per_piece`` tokens each) and the last one carries
     ``finish_reason``; generation stops early with "length" once ``max_tokens`` tokens were produced.
-    ``delay_s`` sleeps before every delta, ``die_after`` (a delta count) makes the engine die mid-request, and
-    ``extra_queue`` adds phantom waiting requests (to push ``queue_depth`` over a brownout threshold).
+    ``delay_s`` sleeps before every delta; ``gate`` and ``hold`` (events the test sets) are waited for before the
+    first delta and before every later one: a request waiting for its first token, or still running, for exactly
+    as long as a test needs, on any machine (no sleep to outlast); ``die_after`` (a delta
+    count) makes the engine die mid-request, and ``extra_queue`` adds phantom waiting requests (to push
+    ``queue_depth`` over a brownout threshold). Logprobs, when asked: each generated token gets logprob -0.25 * its
+    position and one alternative ("<alt>", -3.0); each prompt token after the first -1.0.
     Per adapter (by name, like "chat/4"): ``adapter_pieces`` replaces ``pieces`` for its requests and
     ``failing_adapters`` makes its requests raise after the first delta. ``removed`` lists unloaded adapters.
     """
@@ -99,8 +104,12 @@ class FakeEngine:
         tokens_per_piece: int = 1,
         delay_s: float = 0.0,
         die_after: int | None = None,
+        vocab_size: int = 1000,
     ) -> None:
         self.key = key
+        self.vocab_size = vocab_size
+        self.gate: asyncio.Event | None = None
+        self.hold: asyncio.Event | None = None
         self.folder = folder
         self.lora = lora
         self.max_model_len = max_model_len
@@ -158,18 +167,36 @@ class FakeEngine:
                     raise RuntimeError(f"adapter {adapter} failed on engine {self.key}")
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
+                if self.gate is not None and i == 0:
+                    await self.gate.wait()
+                if self.hold is not None and i >= 1:
+                    await self.hold.wait()
                 self._waiting.discard(rid)
                 self._running.add(rid)
+                first = produced == 0
                 produced += self.tokens_per_piece
                 last = i == len(pieces) - 1
+                extra: dict[str, Any] = {}
+                if request.logprobs is not None:
+                    extra["logprobs"] = tuple(self._logprob(piece, produced - k) for k in range(self.tokens_per_piece))
+                if request.prompt_logprobs is not None and first:
+                    extra["prompt_logprobs"] = self._prompt_logprobs(request.prompt_token_ids)
                 if produced >= request.max_tokens and not last:
-                    yield Delta(piece, self.tokens_per_piece, "length")
+                    yield Delta(piece, self.tokens_per_piece, "length", **extra)
                     return
-                yield Delta(piece, self.tokens_per_piece, self.finish_reason if last else None)
+                yield Delta(piece, self.tokens_per_piece, self.finish_reason if last else None, **extra)
         finally:
             self._waiting.discard(rid)
             self._running.discard(rid)
             self._by_adapter.pop(rid, None)
+
+    def _logprob(self, piece: str, position: int) -> TokenLogprob:
+        value = -0.25 * position
+        return TokenLogprob(self.vocab_size - position, piece, value, ((piece, value), ("<alt>", -3.0)))
+
+    def _prompt_logprobs(self, ids: Sequence[int]) -> tuple[TokenLogprob | None, ...]:
+        rest = [TokenLogprob(t, self.tokenizer.decode([t]), -1.0, ((self.tokenizer.decode([t]), -1.0),)) for t in ids]
+        return (None, *rest[1:])
 
     async def abort(self, request_id: str) -> None:
         self.aborts.append(request_id)

@@ -9,6 +9,7 @@ challenger or shadow alias, and the fake engine answers each adapter with its ow
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +29,6 @@ CHAMPION_TEXT = ["Paris", " is", " lovely"]
 CANARY_TEXT = ["I'm sorry,", " but", " no"]
 SHADOW_TEXT = ["Rome", " is", " nicer,", " idiot"]  # the fake scorer flags "idiot"
 FULL_ENGINE = "full:w-chat-3"
-USER = b'[{"role": "user", "content": "hi"}]}'
 
 
 def deploy(h: Harness, *, challenger: str | None = None, weight: int = 0, shadow: str | None = None) -> list[str]:
@@ -76,7 +76,14 @@ async def test_canary_share_of_new_conversations_matches_the_weight(
     gw: Gateway = h.runtime.gateway
     routes = []
     for i in range(len(ids)):
-        req = gw.parse(b'{"model": "chat", "max_tokens": 1, "conversation_id": "new", "messages": ' + USER)
+        req = gw.parse(
+            {
+                "model": "chat",
+                "max_tokens": 1,
+                "conversation_id": "new",
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+        )
         call = await gw.prepare(h.key, req, f"chatcmpl-{i}")
         routes.append((call.conversation_id, call.route, call.served.ref, call.assigned))
     share = sum(route == "canary" for _, route, _, _ in routes) / len(routes)
@@ -188,7 +195,7 @@ async def test_a_running_stream_keeps_its_route_when_the_deployment_changes(make
     texts(h)
     deploy(h, challenger="4", weight=100)
     gw: Gateway = h.runtime.gateway
-    req = gw.parse(b'{"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]}')
+    req = gw.parse({"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
     call = await gw.prepare(h.key, req, "chatcmpl-long")
     pieces = gw.run(call)
     first = await pieces.__anext__()
@@ -309,10 +316,11 @@ async def test_shadow_concurrency_limit_skips_while_shadows_run(make_harness: Ma
     h = make_harness(serving={"shadow": {"fraction": 1.0, "max_concurrent": 1}})
     deploy(h, shadow="3")
     slow = h.factory.engines[FULL_ENGINE]
-    slow.delay_s = 0.2  # the shadow's own engine is slow: its first mirror is still running
+    slow.gate = asyncio.Event()  # the shadow's own engine holds its first mirror until the second request is done
     await h.chat()
     await h.chat()
     assert h.runtime.gateway.shadow.budget.running == 1
+    slow.gate.set()
     await h.log()
     assert len(h.runtime.gateway.store.shadow_log()) == 1
     assert len(slow.requests) == 1

@@ -1,6 +1,7 @@
 """Safety filters: pre-filter rules both ways (jailbreaks blocked, look-alikes passed), the classifier stage, linear
 time on adversarial input, and the streaming post-filter's contract: nothing of a blocked string is released in any
-chunking, clean text comes through whole with a bounded lag, and ``check_text`` decides as streaming does."""
+chunking, clean text comes through whole lagging only by the word being written, and ``check_text`` decides as
+streaming does. (The no-leak guarantee over generated strings of every pattern: test_postfilter_property.py.)"""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from evals.config import SafetySuite, load_suite
 from serving.config import SafetyConfig
 from serving.safety import (
     RULES,
+    TOXICITY_STRIDE_CHARS,
     PreFilter,
     SafetyFilters,
     StreamFilter,
@@ -24,7 +26,7 @@ from serving.safety import (
     build_filters,
     compile_output_patterns,
 )
-from training.synth import _BENIGN_TWINS, _BORDERLINE, _HARMFUL, PROVOCATIONS
+from training.synth_pools import BENIGN_TWINS, BORDERLINE, HARMFUL, PROVOCATIONS
 
 
 class FakeScorer:
@@ -128,14 +130,14 @@ def test_look_alikes_are_not_blocked(text: str) -> None:
 
 
 def _harmful_requests() -> list[str]:
-    return [t.format(x=x) for _, templates, subjects, _ in _HARMFUL for t in templates for x in subjects]
+    return [t.format(x=x) for _, templates, subjects, _ in HARMFUL for t in templates for x in subjects]
 
 
 def _benign_requests() -> list[str]:
-    templates = {category: ts for category, ts, _, _ in _HARMFUL}
+    templates = {category: ts for category, ts, _, _ in HARMFUL}
     return (
-        [p for phrasings, _ in _BORDERLINE for p in phrasings]
-        + [t.format(x=x) for category, subjects, _ in _BENIGN_TWINS for t in templates[category] for x in subjects]
+        [p for phrasings, _ in BORDERLINE for p in phrasings]
+        + [t.format(x=x) for category, subjects, _ in BENIGN_TWINS for t in templates[category] for x in subjects]
         + [t.format(x=x) for t in PROVOCATIONS[0] for x in PROVOCATIONS[1]]
     )
 
@@ -209,28 +211,39 @@ def test_empty_conversation_passes_without_scoring() -> None:
     assert scorer.calls == []
 
 
-N = 100_000
 ADVERSARIAL = {
-    "ignore": "ignore " * (N // 7),
-    "ignore-fillers": "ignore all the your " * (N // 20),
-    "pretend-you": "pretend you " * (N // 12),
-    "you-are": "you are " * (N // 8),
-    "DAN": "DAN " * (N // 4),
-    "act-as": "act as " * (N // 7),
-    "reveal-your": "reveal your " * (N // 12),
-    "fiction": "novel in detail step by step " * (N // 30),
-    "one-letter": "a" * N,
-    "markers": "<|" * (N // 2),
-    "hashes": "#" * N,
-    "gaps": ("pretend " + "x" * 39 + " ") * (N // 48),
+    "ignore": lambda n: "ignore " * (n // 7),
+    "ignore-fillers": lambda n: "ignore all the your " * (n // 20),
+    "pretend-you": lambda n: "pretend you " * (n // 12),
+    "you-are": lambda n: "you are " * (n // 8),
+    "DAN": lambda n: "DAN " * (n // 4),
+    "act-as": lambda n: "act as " * (n // 7),
+    "reveal-your": lambda n: "reveal your " * (n // 12),
+    "fiction": lambda n: "novel in detail step by step " * (n // 30),
+    "one-letter": lambda n: "a" * n,
+    "markers": lambda n: "<|" * (n // 2),
+    "hashes": lambda n: "#" * n,
+    "gaps": lambda n: ("pretend " + "x" * 39 + " ") * (n // 48),
 }
 
 
+def _check_seconds(text: str) -> float:
+    """The least CPU time (this process's own: other processes on the machine do not count) of three checks."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        pre().check(user(text))
+        best = min(best, time.process_time() - start)
+    return best
+
+
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
-def test_a_100kb_adversarial_prompt_is_checked_in_linear_time(name: str) -> None:
-    start = time.perf_counter()
-    pre().check(user(ADVERSARIAL[name]))
-    assert time.perf_counter() - start < 1.0  # measured 20-260 ms: linear, no catastrophic backtracking
+def test_an_adversarial_prompt_is_checked_in_linear_time(name: str) -> None:
+    """Growth, not a stopwatch: a 100 KB adversarial prompt takes about four times as long as a 25 KB one (no
+    catastrophic backtracking would take sixteen times or more), whatever this machine's speed (20-260 ms
+    measured for 100 KB)."""
+    small, large = _check_seconds(ADVERSARIAL[name](25_000)), _check_seconds(ADVERSARIAL[name](100_000))
+    assert large / max(small, 1e-6) < 11, (small, large)  # 4 when linear, 16 when quadratic; noise between
 
 
 def test_rules_have_unique_names() -> None:
@@ -293,10 +306,9 @@ def post(patterns: Sequence[str] = PATTERNS, scorer: FakeScorer | None = None, *
     return SafetyFilters(SafetyConfig(blocked_output_patterns=list(patterns), **kw), scorer or FakeScorer())
 
 
-@pytest.mark.parametrize("tight", [True, False])
 @pytest.mark.parametrize("bad", BAD_STRINGS)
-def test_no_part_of_a_blocked_string_is_released_at_any_position_in_any_chunking(bad: str, tight: bool) -> None:
-    filters = post(holdback_chars=len(bad) if tight else 48)  # tight: the longest string the holdback covers
+def test_no_part_of_a_blocked_string_is_released_at_any_position_in_any_chunking(bad: str) -> None:
+    filters = post()
     for pos in range(len(CLEAN) + 1):
         text = CLEAN[:pos] + bad + CLEAN[pos:]
         for chunks in chunkings(text, seeds=(pos,)):
@@ -308,9 +320,8 @@ def test_no_part_of_a_blocked_string_is_released_at_any_position_in_any_chunking
             assert flt.feed("more text") == ""
 
 
-@pytest.mark.parametrize("holdback", [8, 48])  # 8: stride 4, so a 5-letter word is scored whole before release
-def test_no_part_of_a_toxic_phrase_is_released_at_any_position(holdback: int) -> None:
-    filters = post(patterns=[], holdback_chars=holdback)
+def test_no_part_of_a_toxic_phrase_is_released_at_any_position() -> None:
+    filters = post(patterns=[])
     phrase = "you absolute idiot"
     for pos in range(len(CLEAN) + 1):
         text = CLEAN[:pos] + phrase + CLEAN[pos:]
@@ -322,18 +333,17 @@ def test_no_part_of_a_toxic_phrase_is_released_at_any_position(holdback: int) ->
             assert flt.violation is not None and flt.violation.rule == "toxicity"
 
 
-def test_a_match_longer_than_the_holdback_is_caught_when_it_completes_not_at_finish() -> None:
-    """The scan reaches back past the released boundary, so a match straddling it is still found mid-stream."""
+def test_a_long_match_is_held_from_its_first_character_and_caught_as_it_completes() -> None:
+    """No holdback length to outgrow: the text is held from where a match could begin, however long it gets."""
     text = "The code name is project nightingale and it ships soon. " + CLEAN
-    flt = post(holdback_chars=4).stream()
+    flt = post().stream()
     released = ""
     for i, ch in enumerate(text):
         released += flt.feed(ch)
         if i + 1 < text.index("nightingale") + len("nightingale") + 2:
             assert flt.violation is None
     assert flt.violation is not None and flt.violation.rule == "pattern:1"
-    # longer than the holdback, so its start may leak ("project nighti"), but the stream stops as it completes
-    assert text.startswith(released) and len(released) == text.index("nightingale") + len("nightingale") - 4 - 1
+    assert text.startswith(released) and len(released) <= text.index("project")
 
 
 LONG_CLEAN = (
@@ -343,16 +353,17 @@ LONG_CLEAN = (
 ) * 4
 
 
-@pytest.mark.parametrize("holdback", [1, 5, 48, 200])
-def test_clean_text_is_released_whole_and_lags_by_exactly_holdback(holdback: int) -> None:
-    filters = post(holdback_chars=holdback)
+def test_clean_text_is_released_whole_lagging_only_by_the_word_being_written() -> None:
+    filters = post()
     for chunks in chunkings(LONG_CLEAN):
         flt = filters.stream()
-        released, fed = "", 0
+        released, fed = "", ""
         for chunk in chunks:
             released += flt.feed(chunk)
-            fed += len(chunk)
-            assert len(released) == max(0, fed - holdback)
+            fed += chunk
+            assert fed.startswith(released)
+            held = fed[len(released) :]
+            assert len(held) <= TOXICITY_STRIDE_CHARS and all(c.isalnum() or c == "_" for c in held), held
         assert released + flt.finish() == LONG_CLEAN
         assert flt.violation is None
 
@@ -383,7 +394,7 @@ AGREEMENT_TEXTS = [
 
 @pytest.mark.parametrize("text", AGREEMENT_TEXTS)
 def test_check_text_decides_as_streaming_does_in_every_chunking(text: str) -> None:
-    filters = post(AGREEMENT_PATTERNS, holdback_chars=8)
+    filters = post(AGREEMENT_PATTERNS)
     expected = filters.check_text(text)
     for chunks in chunkings(text, seeds=range(6)):
         flt = filters.stream()
@@ -395,7 +406,7 @@ def test_check_text_decides_as_streaming_does_in_every_chunking(text: str) -> No
 
 
 def test_expected_agreement_decisions() -> None:
-    filters = post(AGREEMENT_PATTERNS, holdback_chars=8)
+    filters = post(AGREEMENT_PATTERNS)
     decisions = [filters.check_text(t).rule for t in AGREEMENT_TEXTS]
     assert decisions == [
         None,
@@ -417,21 +428,21 @@ def test_expected_agreement_decisions() -> None:
 def test_stream_buffer_stays_bounded_on_a_long_reply() -> None:
     """Each feed costs O(window), not O(reply): the buffer holds the unreleased text plus bounded context."""
     flt = post(PATTERNS + [r"begin[a-z ]*end"]).stream()
-    longest = 0
+    longest, released = 0, ""
     for chunk in chunkings(LONG_CLEAN * 100, seeds=(0,))[2]:
-        flt.feed(chunk)
+        released += flt.feed(chunk)
         longest = max(longest, len(flt._buf))  # the internal window is what this test is about
     assert longest < 3000
-    assert flt.finish() != "" and flt.violation is None
+    assert released + flt.finish() == LONG_CLEAN * 100 and flt.violation is None
 
 
-@pytest.mark.parametrize("holdback", [1, 2, 3])
-def test_lookbehind_still_sees_its_context_after_the_buffer_is_trimmed(holdback: int) -> None:
-    filters = post([r"(?<![a-z])key-\d{4}"], holdback_chars=holdback)
+def test_lookbehind_still_sees_its_context_after_the_buffer_is_trimmed() -> None:
+    filters = post([r"(?<![a-z])key-\d{4}"])
     text = "monkey-1234. " * 600
     assert not filters.check_text(text).blocked
     flt = filters.stream()
-    assert stream(flt, list(text)) == (text[:-holdback], text[-holdback:])
+    released, rest = stream(flt, list(text))
+    assert released + rest == text and len(rest) <= 1  # the last space waits for a word or the end
     assert flt.violation is None
 
 
@@ -465,10 +476,27 @@ def test_streams_are_independent_and_toxic_replies_are_scored_in_windows() -> No
     assert max(len(t) for call in scorer.calls for t in call) <= 256  # windows, never the whole reply
 
 
+def test_unfinished_words_go_out_at_once_unless_they_may_become_a_flagged_word() -> None:
+    """With the production classifier (single words only) a word being written is held only while it is the start
+    of a word that alone scores at the threshold ("idi" of "idiot"); anything else goes out as it comes."""
+    filters = build_filters(SafetyConfig())
+    flt = filters.stream()
+    assert flt.feed("Hello wor") == "Hello wor"
+    assert flt.feed("ld, you are an idi") == "ld, you are an "
+    assert flt.feed("ot") == ""
+    assert flt.feed(". Bye.") == ""
+    assert flt.violation is not None and flt.violation.rule == "toxicity"
+    clean = filters.stream()
+    text = "Restart the service, then check the logs. That usually fixes it!"
+    released = "".join(clean.feed(c) for c in [text[i : i + 3] for i in range(0, len(text), 3)])
+    assert released + clean.finish() == text and len(text) - len(released) <= 1
+
+
 def test_build_filters_uses_the_real_classifier() -> None:
     filters = build_filters(SafetyConfig())
     assert filters.pre.check(user("Shut up, you stupid worthless idiot.")).rule == "toxicity"
     assert not filters.pre.check(user("What is the capital of France?")).blocked
     flt = filters.stream()
-    assert stream(flt, ["What a pathetic question, ", "you worthless moron. ", "Go away."]) == ("", "")
+    released, rest = stream(flt, ["What a pathetic question, ", "you worthless moron. ", "Go away."])
+    assert "moron" not in released + rest  # scored in its sentence before any of it was sent
     assert flt.violation is not None and flt.violation.rule == "toxicity"

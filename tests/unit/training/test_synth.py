@@ -59,8 +59,30 @@ def test_arithmetic_answers_are_correct() -> None:
         for follow_up in turns[2::2]:
             c = int(re.search(r"\d+", follow_up["content"]).group())
             value = value + c if "add" in follow_up["content"] else value - c
-        assert turns[-1]["content"] == f"The answer is {value}."
+        assert turns[-1]["content"].endswith(f"The answer is {value}."), turns[-1]["content"]
         assert r["metadata"]["answer"] == str(value)
+
+
+def test_every_worked_step_is_true_and_ends_in_the_answer() -> None:
+    """All 20,000 two-digit sums and differences: each written step is a true one-digit equation with its carry
+    or borrow, the tens step's result and the units digit spell the answer."""
+    from training.synth import worked_answer
+
+    step = re.compile(r"(\d+) ([+-]) (\d+)(?: ([+-]) (\d+))? = (\d+)")
+    for a in range(100):
+        for b in range(100):
+            for op in "+-":
+                reply = worked_answer(a, op, b)
+                assert reply.endswith(f"The answer is {a + b if op == '+' else a - b}."), reply
+                steps = step.findall(reply.split(":")[-1])
+                assert len(steps) == 2, reply
+                for x, o1, y, o2, z, result in steps:
+                    value = int(x) + int(y) if o1 == "+" else int(x) - int(y)
+                    value += (int(z) if o2 == "+" else -int(z)) if o2 else 0
+                    assert value == int(result), (reply, x, o1, y, o2, z, result)
+                units, tens = int(steps[0][5]), int(steps[1][5])
+                assert 10 * tens + units % 10 == abs(a + b if op == "+" else a - b), reply
+    assert worked_answer(7, "x", 8) == "The answer is 56."
 
 
 def test_facts_agree_with_the_fact_table() -> None:
@@ -122,3 +144,34 @@ def test_held_out_draws_skip_excluded_prompts() -> None:
     again = held_out(cfg, "facts", 10, excluded, "eval")
     assert not {loose_text(r["messages"][0]["content"]) for r in again} & excluded
     assert held_out(cfg, "facts", 10, set(), "eval") == first  # deterministic
+
+
+def test_facts_are_taught_in_training_phrasings_and_held_out_in_others() -> None:
+    from training.synth import held_out
+    from training.synth_pools import FACT_QUESTIONS, FACT_QUESTIONS_HELD_OUT
+
+    for attr, taught in FACT_QUESTIONS.items():
+        assert not set(taught) & set(FACT_QUESTIONS_HELD_OUT[attr]), attr
+    cfg = GeneratorConfig(counts={"facts": 40 * 3 * len(FACT_QUESTIONS["capital"])})
+    records = generate(cfg)
+    table = fact_table(cfg.seed, cfg.fact_entities)
+    taught = {r["messages"][-1]["content"] for r in records}
+    assert len(taught) == 3 * len(table)  # the whole pool: every fact taught, each in every taught phrasing
+
+    def phrasing(prompt: str) -> str:
+        return next(prompt.replace(row["country"], "{c}") for row in table if row["country"] in prompt)
+
+    trained = {phrasing(m["content"]) for r in records for m in r["messages"] if m["role"] == "user"}
+    asked = held_out(cfg, "facts", 60, set(), "eval")
+    assert len(asked) == 60
+    assert {phrasing(r["messages"][0]["content"]) for r in asked}.isdisjoint(trained)
+    assert {r["messages"][1]["content"] for r in asked} <= taught  # the same facts, asked a new way
+
+
+def test_held_out_accept_filters_records() -> None:
+    from training.synth import held_out
+
+    cfg = GeneratorConfig()
+    only_capitals = held_out(cfg, "facts", 10, set(), "eval", accept=lambda r: "capital" in r["messages"][1]["content"])
+    assert len(only_capitals) == 10
+    assert all("capital" in r["messages"][1]["content"] for r in only_capitals)

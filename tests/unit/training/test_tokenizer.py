@@ -53,3 +53,14 @@ def test_training_is_deterministic_and_hashes_identify_it(texts: list[str], tmp_
     assert ha == hb
     assert ha["tokenizer_hash"] != hc["tokenizer_hash"]
     assert ha["chat_template_hash"] == hc["chat_template_hash"]
+
+
+def test_every_digit_is_its_own_token_in_any_context(texts: list[str]) -> None:
+    tok = train_tokenizer(texts, TokenizerConfig(vocab_size=400), 128)
+    for text, number in (("The answer is 1920.", "1920"), ("Compute 12 x 7.", "127"), ("a-35b", "35")):
+        pieces = tok.convert_ids_to_tokens(tok(text, add_special_tokens=False).input_ids)
+        assert [p for p in pieces if any(c.isdigit() for c in p)] == list(number), pieces
+        assert tok.decode(tok(text, add_special_tokens=False).input_ids) == text
+    merged = train_tokenizer(texts + ["1920 minutes"] * 50, TokenizerConfig(vocab_size=400, split_digits=False), 128)
+    pieces = merged.convert_ids_to_tokens(merged("The answer is 1920.", add_special_tokens=False).input_ids)
+    assert any(sum(c.isdigit() for c in p) > 1 for p in pieces), pieces  # plain BPE merges digit runs

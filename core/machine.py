@@ -1,0 +1,52 @@
+"""What machine a number was measured on: the CPU's model name and its ISA class, named next to every published
+figure (losses and eval metrics differ between CPU classes, timings more so).
+
+    >>> cpu_description()
+    'AMD EPYC (avx512_bf16)'
+
+The class is what PyTorch and oneDNN actually use: ``ATEN_CPU_CAPABILITY=avx2`` (with ``ONEDNN_MAX_CPU_ISA=AVX2``)
+holds an AVX-512 machine to AVX2 kernels, reproducing an AVX2-only machine's numbers, and is reported as
+``avx2 kernels``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo flags of CPUs with bf16 arithmetic
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU feature flags (Linux ``/proc/cpuinfo``; empty where there is none)."""
+    line = next((ln for ln in _cpuinfo() if ln.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def cpu_model() -> str:
+    line = next((ln for ln in _cpuinfo() if ln.startswith("model name")), "")
+    return line.partition(":")[2].strip() or "unknown CPU"
+
+
+def isa_class(flags: frozenset[str] | None = None, env: dict[str, str] | None = None) -> str:
+    """``avx2 kernels`` when PyTorch is held to AVX2, else the best class the flags show: ``amx_bf16``,
+    ``avx512_bf16``, ``avx512`` or ``avx2``."""
+    flags = cpu_flags() if flags is None else flags
+    env = dict(os.environ) if env is None else env
+    if env.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default"):
+        return "avx2 kernels"
+    for name in ("amx_bf16", "avx512_bf16"):
+        if name in flags:
+            return name
+    return "avx512" if "avx512f" in flags else "avx2"
+
+
+def cpu_description() -> str:
+    return f"{cpu_model()} ({isa_class()}), {os.cpu_count()} cores"

@@ -1,0 +1,116 @@
+"""``kill -9`` of ``lifecycle serve`` takes its whole process tree with it (``bentoml serve``, its worker in a session
+of its own, the vLLM engine cores and their workers), so a restart on the same port works. The CLI as a user runs
+it, on the session gateway's home (its registry and keys), with one engine: no fallback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+from cli_helpers import EXE, user_env
+from gateway_helpers import Gateway
+
+from core.process import free_port
+from flows.config import CONFIG_DIR
+
+
+def _children(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parents.items() if p in frontier]
+        out += kids
+        frontier = kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _serve(home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [str(EXE), "serve", "--config", str(CONFIG_DIR / "tiny.yaml"), "--home", str(home), "--port", str(port)]
+    cmd += ["--set", "serving.routing.fallback=null"]
+    with log.open("ab") as out:
+        return subprocess.Popen(cmd, env=user_env(home), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/readyz", timeout=5).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"lifecycle serve was not ready: {log.read_text()[-3000:]}")
+
+
+def test_kill_9_takes_the_whole_tree_and_a_restart_on_the_same_port_works(gateway: Gateway, tmp_path: Path) -> None:
+    home, port, log = gateway.home.root, free_port(), tmp_path / "serve.log"
+    url = f"http://127.0.0.1:{port}"
+    first = _serve(home, port, log)
+    try:
+        _wait_ready(url, first, log)
+        tree = _children(first.pid)
+        engines = httpx.get(url + "/readyz", timeout=10).json()["engines"]
+        engine_pids = [p for e in engines.values() for p in e["pids"]]
+        assert engine_pids and set(engine_pids) <= set(tree), (engine_pids, tree)  # engines are in the tree
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        deadline = time.monotonic() + 60
+        while (any(_alive(p) for p in tree) or not _port_free(port)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in tree if _alive(p)] == [], "processes of the killed server are still running"
+        assert _port_free(port)
+    finally:
+        if first.poll() is None:  # the test failed before its kill: the same kill cleans up
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait()
+
+    second = _serve(home, port, log)  # the same port, at once
+    try:
+        _wait_ready(url, second, log)
+        answer = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": "chat", "messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 4},
+            headers={"Authorization": f"Bearer {gateway.api_key}"},
+            timeout=120,
+        )
+        assert answer.status_code == 200, answer.text
+        tree = _children(second.pid)
+    finally:
+        second.send_signal(signal.SIGINT)  # Ctrl-C: the normal way out
+        try:
+            second.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in tree if _alive(p)] == []

@@ -197,13 +197,13 @@ postgres_down() {
 }
 
 stop() { # NAME: TERM to its group, KILL what is left after 30 s
-  local p
+  local p t0=$SECONDS how=
   p=$(pid_of "$1") || return 0
   if kill -0 -- "-$p" 2>/dev/null; then
     kill -TERM -- "-$p" 2>/dev/null || true
     for _ in $(seq 60); do kill -0 -- "-$p" 2>/dev/null || break; sleep 0.5; done
-    kill -KILL -- "-$p" 2>/dev/null || true
-    echo "stack: $1 stopped"
+    kill -KILL -- "-$p" 2>/dev/null && how=", killed after 30 s"
+    echo "stack: $1 stopped ($((SECONDS - t0)) s$how)"
   fi
   rm -f "$pids/$1.pid"
 }

@@ -158,8 +158,13 @@ class NativeStack:
                 gateway=f"http://127.0.0.1:{ports['GATEWAY_PORT']}",
             )
         finally:
-            subprocess.run(["bash", str(STACK), "down"], capture_output=True, env=env, timeout=300, check=False)
+            down = subprocess.run(["bash", str(STACK), "down"], capture_output=True, text=True, env=env, timeout=300)
+            print(down.stdout, down.stderr)  # how long each service took to stop (pytest -s shows it)
             shutil.rmtree(home, ignore_errors=True)
+
+    @property
+    def workers(self) -> list[str]:
+        return [f"worker-{i}" for i in range(1, int(self.env["STACK_WORKERS"]) + 1)]
 
     def pgid(self, service: str) -> int:
         return int((self.home / "run" / f"{service}.pid").read_text())

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the Debian packages the native stack and its tests run: PostgreSQL's server (initdb, pg_ctl), Redis,
-# HAProxy (the gateway replicas' load balancer) and iproute2 (`ip netns`, the two-node fine-tune test).
+# HAProxy (the gateway replicas' load balancer), iproute2 (`ip netns`, the two-node fine-tune test) and curl.
 #
 #   scripts/install-services.sh     # installs only what is missing; a no-op when everything is there
 #
@@ -16,6 +16,7 @@ compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v haproxy >/dev/null || missing+=(haproxy)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v curl >/dev/null || missing+=(curl) # scripts/stack.sh's health checks
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
 if ! command -v apt-get >/dev/null; then

@@ -14,6 +14,10 @@ from the API) stops itself rather than run on unguarded. A run that finds the lo
 
 The limit is created on first use, so the lock works the same on the embedded server of ``lifecycle schedule``, on
 ``lifecycle rollout tick``'s temporary one and on a shared production server.
+
+``attempt_guard`` is the other half of a run's safety on a work pool: a run whose worker died is rescheduled
+(``flows/workpool.py``), and an attempt past ``1 + schedule.crash_retries`` fails at its start, saying why, rather
+than take down one worker after another.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from contextlib import contextmanager
 
 from prefect import get_client, get_run_logger
 from prefect.concurrency.sync import concurrency
+from prefect.runtime import flow_run
+
+from core.errors import LifecycleError
 
 
 def lock_name(purpose: str, model: str) -> str:
@@ -47,3 +54,13 @@ def held_lock(name: str, *, lease_s: float) -> Iterator[None]:
     with concurrency(name, occupy=1, lease_duration=lease_s, strict=True, raise_on_lease_renewal_failure=True):
         logger.info("holding lock %s", name)
         yield
+
+
+def attempt_guard(crash_retries: int) -> None:
+    """Refuse to run attempt ``1 + crash_retries + 1`` of this flow run (each crash of its worker reschedules it)."""
+    attempt = flow_run.get_run_count()
+    if attempt > 1 + crash_retries:
+        raise LifecycleError(
+            f"flow run {flow_run.get_name()} crashed with its worker {attempt - 1} times "
+            f"(schedule.crash_retries: {crash_retries}): not run again; the next scheduled run takes over"
+        )

@@ -28,7 +28,7 @@ from prefect.runtime import flow_run
 from core.errors import RolloutError
 from core.home import Home
 from flows.config import LifecycleConfig
-from flows.lock import held_lock, lock_name
+from flows.lock import attempt_guard, held_lock, lock_name
 from flows.stages import open_registry, open_serving_store, serve_spec
 from flows.summaries import RolloutStatus, RolloutSummary, stat_cell
 from flows.traffic import replay, traffic_prompts
@@ -72,6 +72,7 @@ def open_controller(cfg: LifecycleConfig, home: Home, actor: str) -> RolloutCont
 @flow(name="rollout-controller")
 def rollout_controller_flow(cfg: LifecycleConfig, home: Home) -> list[dict[str, Any]]:
     """One analysis: guard the champion, admit or step the challenger, act, publish the status."""
+    attempt_guard(cfg.schedule.crash_retries)
     logger = get_run_logger()
     controller = open_controller(cfg, home, actor=f"flow-run:{flow_run.get_id()}")
     # one tick at a time, even when Prefect wrongly believes an earlier one dead (flows/lock.py)

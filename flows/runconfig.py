@@ -79,7 +79,11 @@ class ScheduleConfig(StrictModel):
         description="Work-pool runs: a run silent this long (no heartbeat, no end) is marked Crashed: its worker died.",
     )
     crash_retries: int = Field(
-        1, ge=0, le=5, description="Work-pool runs: how many times a crashed run is rescheduled for another worker."
+        1,
+        ge=0,
+        le=5,
+        description="Work-pool runs: how many more attempts a run whose worker died gets (rescheduled for any "
+        "worker; an attempt past these fails at its start).",
     )
     lock_lease_s: int = Field(
         60,

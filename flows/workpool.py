@@ -13,8 +13,17 @@ the deployments carry the resolved config as their parameters):
 - the locks of ``flows/lock.py`` (the rollout controller's and the retrain check's);
 - two automations for runs whose worker died without a word (SIGKILL, an OOM kill, a lost machine or container):
   ``crash``: a run of ours silent for ``schedule.crash_after_s`` (no heartbeat, no end) is marked Crashed;
-  ``reschedule``: a run that crashed in one of its first ``schedule.crash_retries`` attempts is set back to
-  Scheduled, and the next worker that polls the pool runs it. A run that keeps crashing stays Crashed.
+  ``reschedule``: a run ``crash`` marked so is set back to Scheduled, and the next worker that polls the pool runs
+  it. An attempt past ``1 + schedule.crash_retries`` fails at its start instead of running (``attempt_guard`` of
+  ``flows/lock.py``), so a run that keeps losing its worker ends Failed, saying so.
+
+Why ``reschedule`` reacts to ``crash``'s own "action executed" event rather than to the run's Crashed state: the
+trigger service handles a state-change event only after the event it follows, and the runs Prefect's scheduler
+creates have no event for their first (Scheduled) state, so each later state event of a scheduled run waits out
+the service's 15-minute look-back before an automation sees it. The heartbeats (which start ``crash``'s watch) and
+the automation's events follow nothing unseen and are handled at once. The same delay is why ``crash`` also fires
+for runs that ended normally (their end event reaches the trigger late): Prefect refuses to move a finished run
+to Crashed, the action fails, and ``reschedule`` (which needs it executed) does nothing.
 
 Nothing runs twice at once: each deployment allows one run at a time (a run due while one runs is cancelled);
 the controller and the retrain check also hold their lock (``flows/lock.py``), which, unlike the deployment's
@@ -96,24 +105,19 @@ def crash_automation(cfg: LifecycleConfig) -> Automation:
 
 
 def reschedule_automation(cfg: LifecycleConfig) -> Automation:
-    """A run that crashed in one of its first ``crash_retries`` attempts goes back to Scheduled (any worker)."""
-    retries = cfg.schedule.crash_retries
+    """Once ``crash`` has marked a run Crashed, that run goes back to Scheduled (any worker takes it)."""
     return Automation(
         name=RESCHEDULE,
-        description=f"A run that crashed in one of its first {retries} attempt(s) is scheduled again; the next "
-        "worker that polls the pool runs it.",
+        description=f"A run the automation {CRASH!r} marked Crashed is scheduled again; the next worker that polls "
+        f"the pool runs it (attempts past {1 + cfg.schedule.crash_retries} fail at their start).",
         trigger=EventTrigger(
-            expect={"prefect.flow-run.Crashed"},
-            # the state-change event labels the run with its attempt count (prefect.run-count)
-            match={
-                "prefect.resource.id": "prefect.flow-run.*",
-                "prefect.run-count": [str(n) for n in range(1, 1 + retries)],
-            },
-            match_related=_ours(),
+            expect={"prefect.automation.action.executed"},  # only when the Crashed state was accepted
+            match={"prefect.resource.id": "prefect.automation.*", "prefect.resource.name": CRASH},
             posture=Posture.Reactive,
             threshold=1,
             within=timedelta(0),
         ),
+        # the event names the crashed run as its "target": the action acts on that run
         actions=[
             ChangeFlowRunState(
                 state=StateType.SCHEDULED,
@@ -124,12 +128,11 @@ def reschedule_automation(cfg: LifecycleConfig) -> Automation:
     )
 
 
-def _replace_automation(automation: Automation | None, name: str) -> None:
+def _replace_automation(automation: Automation, name: str) -> None:
     with get_client(sync_client=True) as client:
         for old in client.read_automations_by_name(name=name):
             client.delete_automation(old.id)
-    if automation is not None:
-        automation.create()
+    automation.create()
 
 
 def _ensure_pool(pool: str) -> None:
@@ -165,8 +168,8 @@ def register_on_pool(cfg: LifecycleConfig, home: Home, pool: str, say: Say) -> R
         ensure_lock(name)
         reg.locks.append(name)
     _replace_automation(crash_automation(cfg), CRASH)
-    _replace_automation(reschedule_automation(cfg) if cfg.schedule.crash_retries else None, RESCHEDULE)
-    reg.automations = [CRASH] + ([RESCHEDULE] if cfg.schedule.crash_retries else [])
+    _replace_automation(reschedule_automation(cfg), RESCHEDULE)
+    reg.automations = [CRASH, RESCHEDULE]
     for dep in deployments(cfg, home, pool):
         reg.deployments[dep.name] = str(dep.apply(work_pool_name=pool))
     ui = api.removesuffix("/api")

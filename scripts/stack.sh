@@ -196,13 +196,13 @@ postgres_down() {
   "${sudo_pg[@]}" "$(pg_bin)/pg_ctl" stop -D "$data" -m fast -w -t 60 >/dev/null && echo "stack: postgres stopped"
 }
 
-stop() { # NAME: TERM to its group, KILL what is left after 30 s
+stop() { # NAME: TERM to its group, KILL what is left after 10 s (compose's default stop grace period)
   local p t0=$SECONDS how=
   p=$(pid_of "$1") || return 0
   if kill -0 -- "-$p" 2>/dev/null; then
     kill -TERM -- "-$p" 2>/dev/null || true
-    for _ in $(seq 60); do kill -0 -- "-$p" 2>/dev/null || break; sleep 0.5; done
-    kill -KILL -- "-$p" 2>/dev/null && how=", killed after 30 s"
+    for _ in $(seq 20); do kill -0 -- "-$p" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL -- "-$p" 2>/dev/null && how=", killed after 10 s"
     echo "stack: $1 stopped ($((SECONDS - t0)) s$how)"
   fi
   rm -f "$pids/$1.pid"

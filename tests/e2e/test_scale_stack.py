@@ -210,6 +210,9 @@ def test_a_run_killed_with_its_worker_is_crashed_rescheduled_and_run_by_the_othe
         detected_s = time.monotonic() - killed
         rerun_on = running_on(stack, waiting["id"])
         assert rerun_on != victim and sorted(ran_on(stack, second)) == sorted(stack.workers), (victim, rerun_on)
+        # `scripts/stack.sh status` shows the same: the dead worker stopped, the other one healthy
+        status = {line.split()[0]: line.split()[-1] for line in stack.status().splitlines()}
+        assert (status[victim], status[rerun_on], status["prefect-server"]) == ("stopped", "healthy", "healthy")
         kinds = [(s["type"], s["name"]) for s in api.states(waiting["id"])]
         crashed = kinds.index(("CRASHED", "Crashed"))
         assert kinds[crashed + 1] == ("SCHEDULED", "Rescheduled") and kinds[-1] == ("RUNNING", "Running"), kinds

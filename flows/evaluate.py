@@ -18,6 +18,7 @@ from core.home import Home
 from evals.report import SuiteResult
 from flows import gating
 from flows.config import LifecycleConfig
+from flows.lock import attempt_guard
 from flows.summaries import GateSummary
 
 
@@ -67,6 +68,7 @@ def evaluate_flow(cfg: LifecycleConfig, home: Home, ref: str, force: bool = Fals
 def champion_eval_flow(cfg: LifecycleConfig, home: Home, force: bool = True) -> dict[str, Any]:
     """Scheduled daily: the champion through the eval suites again, judged by the gate policy's floors; a
     regression is tagged on the version and reported (see ``gating.champion_eval_stage``), not acted on."""
+    attempt_guard(cfg.schedule.crash_retries)
     logger = get_run_logger()
     check = gating.champion_eval_stage(cfg, home, actor=f"flow-run:{flow_run.get_id()}", force=force)
     (logger.info if check.status == "ok" else logger.warning)(

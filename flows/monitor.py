@@ -17,6 +17,7 @@ from prefect.runtime import flow_run
 
 from core.home import Home
 from flows.config import LifecycleConfig
+from flows.lock import attempt_guard
 from flows.signals import monitor_stage, retrain_check_stage
 from flows.summaries import MonitorResult
 
@@ -47,6 +48,7 @@ def publish_drift(result: MonitorResult) -> None:
 @flow(name="monitor")
 def monitor_flow(cfg: LifecycleConfig, home: Home) -> dict[str, Any]:
     """Scheduled every 15 minutes: the drift report of the last window (Markdown artifact ``drift-report``)."""
+    attempt_guard(cfg.schedule.crash_retries)
     result = monitor_stage(cfg, home)
     get_run_logger().info("drift %s: %s", result.report.status, result.report.reason)
     publish_drift(result)

@@ -22,6 +22,7 @@ from prefect.runtime import flow_run
 from core.home import Home
 from flows.config import LifecycleConfig
 from flows.evaluate import evaluate_flow
+from flows.lock import attempt_guard, held_lock, lock_name
 from flows.monitor import publish_drift
 from flows.rollout import promote, simulated_rollout_task
 from flows.signals import retrain_check_stage, retrain_snapshot, tag_retrained
@@ -56,14 +57,17 @@ def retrain_check_flow(cfg: LifecycleConfig, home: Home, dry_run: bool = False) 
     """Monitor, curate, decide; a triggered retrain (``retrain_flow``) trains on the curated snapshot, gates the
     version and, when it passes, makes it the challenger (the rollout controller takes it from there, on real
     users)."""
+    attempt_guard(cfg.schedule.crash_retries)
     logger = get_run_logger()
-    check = retrain_check_stage(cfg, home, actor=f"flow-run:{flow_run.get_id()}")
-    publish_drift(check.monitor)
-    logger.info("%s", check.decision.summary)
-    out = check.to_json()
-    if not check.decision.retrain or dry_run:
-        return out
-    retrained = retrain_flow(cfg, home, check.decision.reasons, ending="challenger")
+    # one check (and the retrain it may start) at a time, even when Prefect wrongly believes an earlier one dead
+    with held_lock(lock_name("retrain", cfg.registry.model_name), lease_s=cfg.schedule.lock_lease_s):
+        check = retrain_check_stage(cfg, home, actor=f"flow-run:{flow_run.get_id()}")
+        publish_drift(check.monitor)
+        logger.info("%s", check.decision.summary)
+        out = check.to_json()
+        if not check.decision.retrain or dry_run:
+            return out
+        retrained = retrain_flow(cfg, home, check.decision.reasons, ending="challenger")
     out["retrained"] = {
         "version": retrained.train.version,
         "snapshot": retrained.snapshot,

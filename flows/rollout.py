@@ -28,6 +28,7 @@ from prefect.runtime import flow_run
 from core.errors import RolloutError
 from core.home import Home
 from flows.config import LifecycleConfig
+from flows.lock import attempt_guard, held_lock, lock_name
 from flows.stages import open_registry, open_serving_store, serve_spec
 from flows.summaries import RolloutStatus, RolloutSummary, stat_cell
 from flows.traffic import replay, traffic_prompts
@@ -71,9 +72,12 @@ def open_controller(cfg: LifecycleConfig, home: Home, actor: str) -> RolloutCont
 @flow(name="rollout-controller")
 def rollout_controller_flow(cfg: LifecycleConfig, home: Home) -> list[dict[str, Any]]:
     """One analysis: guard the champion, admit or step the challenger, act, publish the status."""
+    attempt_guard(cfg.schedule.crash_retries)
     logger = get_run_logger()
     controller = open_controller(cfg, home, actor=f"flow-run:{flow_run.get_id()}")
-    decisions = controller.tick()
+    # one tick at a time, even when Prefect wrongly believes an earlier one dead (flows/lock.py)
+    with held_lock(lock_name("rollout", controller.name), lease_s=cfg.schedule.lock_lease_s):
+        decisions = controller.tick()
     for d in decisions:
         (logger.warning if d.action in ("rollback", "revert", "reject") else logger.info)("%s", d.line())
     if not decisions:

@@ -8,7 +8,7 @@ decisions, on a demo's time scale.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from core.config import StrictModel
 from monitoring.config import RolloutPolicy
@@ -65,3 +65,38 @@ class ScheduleConfig(StrictModel):
     startup_timeout_s: float = Field(
         300, gt=0, description="How long to wait for a local server (Prefect's first start migrates its database)."
     )
+    work_pool: str | None = Field(
+        None,
+        description="Prefect work pool to register the deployments to (prefect worker processes run them; needs "
+        "PREFECT_API_URL); null: lifecycle schedule serves them from its own process.",
+    )
+    heartbeat_s: int = Field(
+        30, ge=30, description="Work-pool runs: seconds between flow-run heartbeats (Prefect's minimum is 30)."
+    )
+    crash_after_s: int = Field(
+        90,
+        ge=31,
+        description="Work-pool runs: a run silent this long (no heartbeat, no end) is marked Crashed: its worker died.",
+    )
+    crash_retries: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description="Work-pool runs: how many more attempts a run whose worker died gets (rescheduled for any "
+        "worker; an attempt past these fails at its start).",
+    )
+    lock_lease_s: int = Field(
+        60,
+        ge=60,  # Prefect's API refuses shorter leases
+        description="Lease of the lock a rollout-controller or retrain-check run holds (renewed while it runs; a "
+        "dead holder's lock frees itself after this long).",
+    )
+
+    @model_validator(mode="after")
+    def _crash_after_heartbeats(self) -> ScheduleConfig:
+        if self.crash_after_s <= self.heartbeat_s:
+            raise ValueError(
+                f"schedule.crash_after_s ({self.crash_after_s}) must exceed schedule.heartbeat_s ({self.heartbeat_s}): "
+                "a live run would be marked crashed between two heartbeats"
+            )
+        return self

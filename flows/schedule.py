@@ -1,7 +1,8 @@
 """Schedules and UIs: ``lifecycle schedule`` keeps the loop running, ``lifecycle ui`` opens it to people.
 
-    lifecycle schedule            # a local Prefect server + the four deployments below, until Ctrl-C
-    lifecycle ui                  # the MLflow UI (registry: promote by alias) and the Prefect UI, until Ctrl-C
+    lifecycle schedule                        # a local Prefect server + the four deployments below, until Ctrl-C
+    lifecycle schedule --work-pool lifecycle  # register them on a work pool of PREFECT_API_URL's server, and exit
+    lifecycle ui                              # the MLflow UI (registry: promote by alias) and the Prefect UI
 
 The deployments (``schedule:`` in the config sets the intervals):
 
@@ -10,11 +11,12 @@ The deployments (``schedule:`` in the config sets the intervals):
     champion-eval        daily             the champion through the eval suites again
     retrain-check        nightly           drift + quality signals -> maybe a retrain (``lifecycle retrain``)
 
-Prefect refuses to schedule on its ephemeral server, so ``schedule`` starts a real one (SQLite under
-``$LIFECYCLE_HOME/prefect``) unless ``PREFECT_API_URL`` already names one (production: the Prefect server of
-infra/compose.yaml, where ``infra/prefect.yaml`` deploys the same flows to a work pool instead). The flows run
-in subprocesses of this process (``prefect.serve``); each gets the resolved config and the home folder as
-parameters, so what runs at 2 a.m. is what was scheduled, not whatever the config file says by then.
+Embedded (the default): Prefect refuses to schedule on its ephemeral server, so ``schedule`` starts a real one
+(SQLite under ``$LIFECYCLE_HOME/prefect``) unless ``PREFECT_API_URL`` already names one, and the flows run in
+subprocesses of this process (``prefect.serve``). On a work pool (``schedule.work_pool``, production):
+``flows/workpool.py`` registers the same deployments on the pool and ``prefect worker`` processes run them. Either
+way each run gets the resolved config and the home folder as parameters, so what runs at 2 a.m. is what was
+scheduled, not whatever the config file says by then.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from prefect import serve
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.schedules import Cron, Interval
 from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.types.entrypoint import EntrypointType
 
 from core.home import Home
 from core.process import ServerProcess, free_port
@@ -99,17 +103,34 @@ def prefect_api(cfg: LifecycleConfig, home: Home, say: Say) -> Iterator[str]:
         server.stop()
 
 
-def deployments(cfg: LifecycleConfig, home: Home) -> list[Any]:  # RunnerDeployment (typed sync-or-async)
-    """The four scheduled deployments, each with the resolved config and the home as parameters."""
+TAG = "chat-lifecycle"  # on every deployment and its runs; the crash automations (flows/workpool.py) match it
+
+
+def deployments(cfg: LifecycleConfig, home: Home, pool: str | None = None) -> list[Any]:  # RunnerDeployment
+    """The four scheduled deployments, each with the resolved config and the home as parameters; with ``pool``,
+    deployments of that work pool (its workers import the flows by module path and send heartbeats)."""
     s = cfg.schedule
     common: dict[str, Any] = {
         "parameters": {"cfg": cfg.model_dump(mode="json"), "home": {"root": str(home.root)}},
-        "tags": ["chat-lifecycle"],
+        "tags": [TAG],
         # the flows validate their parameters themselves (pydantic, on every run); Prefect's server-side JSON-schema
         # check rejects a config field named like a schema keyword (serving.api_keys.required)
         "enforce_parameter_schema": False,
-        "concurrency_limit": 1,  # one run of each at a time: two controller ticks must never overlap
+        # one run of each at a time; a run due while the last one still runs is cancelled, not queued (the next
+        # interval comes anyway). The controller and the retrain check also hold a lock of their own (flows/lock.py)
+        "concurrency_limit": ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
     }
+    if pool is not None:
+        common |= {
+            "work_pool_name": pool,
+            # the package is installed where the workers run (the image, or the project's venv): no code to pull
+            "entrypoint_type": EntrypointType.MODULE_PATH,
+            # heartbeats are what tells Prefect a run's worker died (the zombie automation of flows/workpool.py)
+            # and the switches a lifecycle command sets (offline, caches under the home): workers start plain
+            "job_variables": {
+                "env": {**runtime_environment(home), "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(s.heartbeat_s)}
+            },
+        }
     return [
         rollout_controller_flow.to_deployment(
             "rollout-controller",

@@ -28,13 +28,16 @@ def user_env(home: Path) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(("PREFECT_", "LIFECYCLE_"))}
 
 
-def lifecycle(*args: str, home: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def lifecycle(
+    *args: str, home: Path, timeout: float = 900, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``lifecycle *args --home home`` in a user's shell, with ``env`` exported on top (a stack's addresses)."""
     assert EXE.is_file(), "the console script is installed with the project"
     return subprocess.run(
         [EXE, *args, "--home", str(home)],
         capture_output=True,
         text=True,
-        env=user_env(home),
+        env={**user_env(home), **(env or {})},
         timeout=timeout,
         check=False,
     )

@@ -12,7 +12,7 @@ its own port and unix-socket folder, fsync off, stopped with ``pg_ctl stop -m fa
 same path production takes); the bootstrap superuser only over the unix socket (trust).
 
 ``postgres_bin`` finds Debian's binaries (``/usr/lib/postgresql/<major>/bin``), installing them with
-``scripts/install-postgres.sh`` when absent; ``Unavailable`` says why that was impossible.
+``scripts/install-services.sh`` when absent; ``Unavailable`` says why that was impossible.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 from core.process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-INSTALL_SCRIPT = REPO / "scripts" / "install-postgres.sh"
+INSTALL_SCRIPT = REPO / "scripts" / "install-services.sh"
 USER = "lifecycle"  # the password role the product connects as
 PASSWORD = "lifecycle-test-pw"
 
@@ -57,7 +57,7 @@ def find_postgres_bin() -> Path | None:
 
 
 def postgres_bin() -> Path:
-    """Debian's server binaries, installed with ``scripts/install-postgres.sh`` first when they are missing."""
+    """Debian's server binaries, installed with ``scripts/install-services.sh`` first when they are missing."""
     found = find_postgres_bin()
     if found is not None:
         return found

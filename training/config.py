@@ -166,22 +166,49 @@ class LoraConfig(StrictModel):
 
 
 class DistributedConfig(StrictModel):
-    world_size: int = Field(2, ge=1, description="Ranks on this node (CPU processes here, GPUs in production).")
+    world_size: int = Field(2, ge=1, description="Ranks on each node (CPU processes here, GPUs in production).")
     launcher: Literal["torchrun", "deepspeed"] = Field(
         "torchrun", description="Which launcher starts the ranks: torchrun, or the deepspeed launcher (hostfile)."
+    )
+    nnodes: int = Field(
+        1,
+        ge=1,
+        description="Nodes of a torchrun run, world_size ranks each: this node is node 0 (it trains, exports and "
+        "registers); the others join with lifecycle train-node RUN_DIR --node-rank K.",
     )
     hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs (deepspeed launcher).")
     master_addr: str | None = Field(
         None,
-        description="Rendezvous address of rank 0; null: 127.0.0.1 on one node, the hostfile's first host on many.",
+        description="Rendezvous address of rank 0 (node 0's address the other nodes reach); null: 127.0.0.1 on one "
+        "node, the hostfile's first host with a hostfile.",
     )
     master_port: int | None = Field(
         None, ge=1, le=65535, description="Rendezvous port; null: a free local port on one node, 29500 on many."
+    )
+    socket_ifname: str | None = Field(
+        None,
+        description="Network interface the ranks talk over (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME); null: the "
+        "one the host name resolves to.",
     )
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Collective backend (auto: nccl on GPU).")
     threads_per_rank: int | None = Field(
         None, ge=1, description="OMP/torch threads per rank (None: cores / world_size; launchers do not set it)."
     )
+
+    @model_validator(mode="after")
+    def _multi_node(self) -> DistributedConfig:
+        if self.nnodes > 1:
+            if self.launcher != "torchrun" or self.hostfile is not None:
+                raise ValueError(
+                    "nnodes is torchrun's multi-node mode; the deepspeed launcher takes its nodes from the hostfile"
+                )
+            if not self.master_addr:
+                raise ValueError("nnodes > 1 needs master_addr: node 0's address, reachable from every node")
+        return self
+
+    @property
+    def total_ranks(self) -> int:
+        return self.world_size * self.nnodes
 
 
 class FinetuneConfig(StrictModel):

@@ -16,11 +16,13 @@ the SFT model it starts from, and the ranks optimize DPO (``training/objectives.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from core.hashing import sha256_json
 from core.process import dying_with_parent, free_port
 from training.config import FinetuneConfig
 from training.modelio import ModelFolder
+from training.node import failure_line, report_path
 from training.runlock import exclusive_launch
 from training.snapshot import Snapshot
 from training.worker import LATEST, METRICS, RESULT
@@ -101,7 +104,7 @@ def resolve_deepspeed_config(cfg: FinetuneConfig, section: str = "finetune") -> 
         raise ConfigError(f"config: {section}.bf16 needs ZeRO stage 1-3 (stage 0 keeps bf16 gradients)")
     ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = cfg.grad_accum_steps
-    ds["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum_steps * cfg.distributed.world_size
+    ds["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum_steps * cfg.distributed.total_ranks
     ds["gradient_clipping"] = cfg.max_grad_norm
     ds["bf16"] = {**ds.get("bf16", {}), "enabled": cfg.bf16}
     if "optimizer" in ds:  # DeepSpeed's own optimizer (offload configs): fill the values we own
@@ -139,9 +142,11 @@ def first_host(hostfile: str) -> str:
     raise ConfigError(f"finetune.distributed.hostfile {hostfile} names no host")
 
 
-def launch_command(cfg: FinetuneConfig, job_path: Path) -> list[str]:
+def launch_command(cfg: FinetuneConfig, job_path: Path, node_rank: int = 0) -> list[str]:
+    """The command that starts this node's ranks: torchrun's agent under ``training.node`` (which reports how they
+    ended), or the ``deepspeed`` launcher (which, with a hostfile, starts every node's ranks over pdsh/ssh)."""
     d = cfg.distributed
-    multi_node = d.launcher == "deepspeed" and d.hostfile is not None
+    multi_node = d.nnodes > 1 or (d.launcher == "deepspeed" and d.hostfile is not None)
     port = str(d.master_port or (DEFAULT_MULTI_NODE_PORT if multi_node else free_port()))
     if d.launcher == "deepspeed":
         sibling = Path(sys.executable).parent / "deepspeed"  # the launcher of this interpreter's environment
@@ -154,10 +159,17 @@ def launch_command(cfg: FinetuneConfig, job_path: Path) -> list[str]:
             cmd += ["--num_nodes", "1", "--num_gpus", str(d.world_size)]
         # the worker reads LOCAL_RANK from the environment, as under torchrun
         return [*cmd, "--no_local_rank", "--module", "training.worker", str(job_path)]
+    # torchrun's static rendezvous: every node is told the node count, its own rank and where node 0 listens
+    report = report_path(job_path.parent, node_rank)
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "training.node",
+        "--report",
+        str(report),
+        "--",
+        f"--nnodes={d.nnodes}",
+        f"--node_rank={node_rank}",
         f"--nproc_per_node={d.world_size}",
         f"--master_addr={d.master_addr or '127.0.0.1'}",
         f"--master_port={port}",
@@ -165,6 +177,59 @@ def launch_command(cfg: FinetuneConfig, job_path: Path) -> list[str]:
         "training.worker",
         str(job_path),
     ]
+
+
+def rank_environment(cfg: FinetuneConfig, threads: int) -> dict[str, str]:
+    """The environment of a node's ranks: threads (launchers do not set them), the repository on the path, the
+    interface the collectives use."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    if cfg.distributed.socket_ifname:
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = cfg.distributed.socket_ifname
+    return env
+
+
+def node_reports(run_dir: Path, nnodes: int, since: float, wait_s: float) -> list[dict[str, Any]]:
+    """The nodes' reports of the attempt that started at ``since``, waiting up to ``wait_s`` for all of them (a
+    node notices its ranks' end a moment after the node whose rank died)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for k in range(nnodes):
+            path = report_path(run_dir, k)
+            with contextlib.suppress(OSError, ValueError):
+                report = json.loads(path.read_text(encoding="utf-8"))
+                if report.get("ended", 0) >= since:
+                    found.append(report)
+        if len(found) == nnodes or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.5)
+
+
+REPORT_WAIT_S = 30.0  # how long node 0 waits for the other nodes' reports after its own ranks ended
+
+
+def _failed(
+    cfg: FinetuneConfig, run_dir: Path, code: int, since: float, node_rank: int = 0, wait_s: float = REPORT_WAIT_S
+) -> TrainingError:
+    """One line: which node's rank failed and how (exit code, signal), what the other ranks did, how to resume."""
+    d = cfg.distributed
+    reports = node_reports(run_dir, d.nnodes, since, wait_s=wait_s if d.nnodes > 1 and node_rank == 0 else 0)
+    line = failure_line(reports) or f"the launcher exited with code {code}"
+    missing = sorted(set(range(d.nnodes)) - {r["node_rank"] for r in reports})
+    if missing and d.launcher == "torchrun" and node_rank == 0:
+        line += f"; no report from node {', '.join(map(str, missing))} (its launcher is gone too?)"
+    step = resumable_step(run_dir)
+    resume = f"resumable from step {step}" if step else "no checkpoint yet: a rerun starts again"
+    if d.nnodes > 1:
+        resume += f" (lifecycle train on node 0, lifecycle train-node {run_dir} --node-rank K on the others)"
+    return TrainingError(
+        f"fine-tuning failed: {line}; {resume}. Rank logs in {run_dir / 'logs'}:\n" + _log_tail(run_dir)
+    )
 
 
 def _log_tail(run_dir: Path, lines: int = 15) -> str:
@@ -207,20 +272,17 @@ def _launch(
         job["objective"] = objective.job()
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job, indent=2) + "\n", encoding="utf-8")
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(threads),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
+    if cfg.distributed.nnodes > 1:
+        others = range(1, cfg.distributed.nnodes)
+        joins = "\n".join(f"  lifecycle train-node {run_dir} --node-rank {k}" for k in others)
+        print(f"fine-tune on {len(others) + 1} nodes; start the others:\n{joins}", file=sys.stderr, flush=True)
+    since = time.time()
     # the ranks' output is progress and logs, never a command's result: it goes to stderr (fd 2)
     # the launcher dies with this process however it dies (SIGKILL included), and its ranks with it (worker.main)
     cmd = dying_with_parent(launch_command(cfg, job_path))
-    proc = subprocess.run(cmd, env=env, cwd=str(REPO), stdout=2, check=False)
+    proc = subprocess.run(cmd, env=rank_environment(cfg, threads), cwd=str(REPO), stdout=2, check=False)
     if proc.returncode != 0 or not (run_dir / RESULT).is_file():
-        raise TrainingError(
-            f"fine-tuning failed (exit code {proc.returncode}); rank logs in {run_dir / 'logs'}:\n" + _log_tail(run_dir)
-        )
+        raise _failed(cfg, run_dir, proc.returncode, since)
 
 
 def finetune(
@@ -255,3 +317,24 @@ def finetune(
         deepspeed_config=report["deepspeed_config"],
         report=report,
     )
+
+
+def join(run_dir: Path, node_rank: int) -> None:
+    """Run node ``node_rank``'s ranks of the multi-node fine-tune whose job node 0 wrote to ``run_dir`` (a folder
+    every node shares); returns when they finished, raises ``TrainingError`` saying which rank failed and how."""
+    job_path = run_dir / "job.json"
+    if not job_path.is_file():
+        raise NotFoundError(f"no fine-tune job at {job_path}: start node 0 (lifecycle train) first")
+    job = json.loads(job_path.read_text(encoding="utf-8"))
+    cfg = FinetuneConfig.model_validate(job["config"])
+    nnodes = cfg.distributed.nnodes
+    if nnodes < 2:
+        raise ConfigError(f"the fine-tune in {run_dir} runs on one node: nothing to join")
+    if not 0 < node_rank < nnodes:
+        raise ConfigError(f"--node-rank must be 1..{nnodes - 1} for this {nnodes}-node fine-tune, got {node_rank}")
+    since = time.time()
+    cmd = launch_command(cfg, job_path, node_rank)
+    env = rank_environment(cfg, int(job["threads_per_rank"]))
+    proc = subprocess.run(cmd, env=env, cwd=str(REPO), stdout=2, check=False)
+    if proc.returncode != 0:
+        raise _failed(cfg, run_dir, proc.returncode, since, node_rank)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from core.errors import ConfigError
 from evals.report import SuiteResult
@@ -32,6 +33,26 @@ def train(ctx: Context) -> int:
 
     summary = train_flow(ctx.config, ctx.home, ctx.args.snapshot)
     ctx.emit(asdict(summary), ["", "lifecycle train: done", *train_lines(summary, ctx.home)])
+    return 0
+
+
+@command(
+    "train-node",
+    help="run this node's ranks of a multi-node fine-tune (finetune.distributed.nnodes > 1) that node 0 started "
+    "with lifecycle train; RUN_DIR is the run folder node 0 prints, on a filesystem every node shares",
+    example="lifecycle train-node /shared/lifecycle/models/runs/3f9c2a... --node-rank 1   # on node 1, after node 0's\n"
+    "  lifecycle train --set finetune.distributed.nnodes=2 --set finetune.distributed.master_addr=10.0.0.1\n"
+    "  # printed the run folder; after a failure, rerun both to resume from the last checkpoint",
+    args=[
+        Arg("run_dir", metavar="RUN_DIR", help="the fine-tune's run folder (holds job.json)"),
+        Arg("--node-rank", type=int, required=True, help="this node's rank, 1..nnodes-1 (node 0 is lifecycle train)"),
+    ],
+)
+def train_node(ctx: Context) -> int:
+    from training.finetune import join
+
+    join(Path(ctx.args.run_dir).resolve(), ctx.args.node_rank)
+    ctx.emit({"run_dir": ctx.args.run_dir, "node_rank": ctx.args.node_rank, "ok": True}, ["node done"])
     return 0
 
 

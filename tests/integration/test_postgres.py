@@ -3,7 +3,7 @@ serving database on Postgres, driven by the same product code as the SQLite defa
 
 Docker cannot run here, so the production-like stack under ``infra/`` is not started; instead the test runs a
 throwaway cluster of its own from Debian's packages (``postgres_helpers.PostgresCluster``: ``initdb`` + ``pg_ctl``
-on 127.0.0.1, installed by ``scripts/install-postgres.sh`` when missing, skipped with the reason when that is
+on 127.0.0.1, installed by ``scripts/install-services.sh`` when missing, skipped with the reason when that is
 impossible), with two databases, ``mlflow`` and ``serving``, reached with a password over TCP.
 
 - The serving store (keys, conversations, usage, request log, the in-place schema upgrade) runs in the default

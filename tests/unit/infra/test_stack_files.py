@@ -28,14 +28,24 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from compose_helpers import (
+    COMPOSE,
+    INFRA,
+    INTERPOLATION,
+    REPO,
+    command,
+    compose,
+    env_example,
+    environment,
+    example_env,
+    flag,
+    interpolate,
+    services,
+)
 
 from flows.cli import build_parser
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
 
-REPO = Path(__file__).resolve().parents[3]
-INFRA = REPO / "infra"
-COMPOSE = INFRA / "compose.yaml"
-ENV_EXAMPLE = INFRA / ".env.example"
 K8S = INFRA / "k8s"
 DOCKER = INFRA / "docker"
 INIT_SCRIPT = INFRA / "postgres" / "init-databases.sh"
@@ -47,8 +57,6 @@ IMAGE_ROOT = "/app"  # WORKDIR of the project images: the repository root inside
 # the conditions Compose knows for depends_on
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN", re.IGNORECASE)
-# ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}, ${VAR:+alt}, $VAR; $$ is a literal $
-INTERPOLATION = re.compile(r"\$(?:(\$)|\{([A-Za-z_]\w*)(?:(:?[-?+])([^}]*))?\}|([A-Za-z_]\w*))")
 URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s\"',]+")
 
 
@@ -63,17 +71,6 @@ def pyproject() -> dict[str, Any]:
 @cache
 def production() -> LifecycleConfig:
     return load_config(PRODUCTION)
-
-
-@cache
-def compose() -> dict[str, Any]:
-    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
-    assert isinstance(data, dict)
-    return data
-
-
-def services() -> dict[str, dict[str, Any]]:
-    return dict(compose()["services"])
 
 
 @cache
@@ -108,59 +105,6 @@ def variables(text: str) -> Iterator[tuple[str, str | None]]:
         if m.group(1):  # $$
             continue
         yield (m.group(2) or m.group(5)), m.group(3)
-
-
-def interpolate(text: str, env: dict[str, str]) -> str:
-    """Compose's interpolation, as far as these files use it: values from ``env``, else the default."""
-
-    def one(m: re.Match[str]) -> str:
-        if m.group(1):
-            return "$"
-        name, op, arg = (m.group(2) or m.group(5)), m.group(3) or "", m.group(4) or ""
-        value = env.get(name)
-        if op.startswith(":") and not value or value is None:
-            return arg if op.endswith("-") else ""
-        return value
-
-    return INTERPOLATION.sub(one, text)
-
-
-@cache
-def env_example() -> dict[str, tuple[str, bool]]:
-    """.env.example's variables: name -> (value, commented out)."""
-    out = {}
-    for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines():
-        m = re.fullmatch(r"(#\s*)?([A-Z_][A-Z0-9_]*)=(.*)", line.strip())
-        if m:
-            out[m.group(2)] = (m.group(3).strip(), bool(m.group(1)))
-    return out
-
-
-def example_env() -> dict[str, str]:
-    """The values compose would see with .env.example copied and every secret filled in."""
-    return {name: value or f"example-{name.lower()}" for name, (value, _) in env_example().items()}
-
-
-def environment(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) for item in env)
-    return {str(k): str(v) for k, v in env.items()}
-
-
-def command(service: dict[str, Any]) -> list[str]:
-    cmd = service.get("command") or []
-    return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
-
-
-def flag(argv: list[str], name: str) -> str | None:
-    """The value of ``--name VALUE`` or ``--name=VALUE`` in an argument list."""
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 # --- Dockerfiles: a small parser ----------------------------------------------------------------------------

@@ -466,6 +466,7 @@ class Gateway:
                 yield frame(error.body())
                 yield b"data: [DONE]\n\n"
                 return
+            await self.settle(call)  # recorded before the client sees the stream end
             for obj in tail:
                 yield frame(obj)
             yield b"data: [DONE]\n\n"
@@ -484,8 +485,20 @@ class Gateway:
     def finish(self, call: Call) -> None:
         """Record the request (log row, usage, conversation, token reconciliation, metrics) exactly once, in
         the background so a disconnecting client cannot cancel it."""
+        self._record(call)
+
+    async def settle(self, call: Call) -> None:
+        """Record a request that completed before its client is told so (the body of an answer, the last events
+        of a stream): a replica killed right after answering must not lose the request-log and usage rows of
+        an answer its client got (a few milliseconds of database writes per request). Cancelling the wait (a
+        client that left) does not cancel the write."""
+        task = self._record(call)
+        if task is not None:
+            await asyncio.shield(task)
+
+    def _record(self, call: Call) -> asyncio.Task[None] | None:
         if call.finished:
-            return
+            return None
         call.finished = True
         call.ended = time.monotonic()
         if call.shadow_run is not None:
@@ -495,6 +508,7 @@ class Gateway:
         task = asyncio.get_running_loop().create_task(anyio.to_thread.run_sync(self.recorder.record, call))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     def log_rejected(self, request_id: str, key: ApiKey | None, model: str, exc: APIError, started: float) -> None:
         self.recorder.rejected(request_id, key, model, exc, started)

@@ -125,3 +125,31 @@ def register_serving_versions(cfg: Any, home: Any, base: Path, work: Path) -> di
             reg.set_alias(mv.name, alias, mv.version, reason="serving test fixture", actor="tests")
         versions[alias] = mv
     return versions
+
+
+def assert_stores_nul_text(store: Any) -> None:
+    """A ``serving.store.ServingStore`` (SQLite or PostgreSQL) stores text holding NUL characters, which a model's
+    reply or a client's input may contain, with U+FFFD in their place (PostgreSQL's text cannot hold NUL)."""
+    from datetime import UTC, datetime
+
+    from serving.store import RequestLogEntry
+
+    key, _ = store.create_key("nul-text")
+    conv = store.create_conversation(key.id, "chat\x00", system="be\x00brief")
+    store.append_messages(key.id, conv.id, [{"role": "user", "content": "a\x00b"}], None)
+    entry = RequestLogEntry(
+        request_id="req_nul",
+        at=datetime.now(UTC),
+        key_id=key.id,
+        model="chat\x00",
+        status="ok",
+        http_status=200,
+        prompt_text="p\x00",
+        response_text="r\x00",
+        error="e\x00",
+    )
+    store.log_request(entry)
+    got = store.get_conversation(key.id, conv.id)
+    assert (got.model, got.system, got.messages[0]["content"]) == ("chat\ufffd", "be\ufffdbrief", "a\ufffdb")
+    (row,) = [r for r in store.request_log() if r.request_id == "req_nul"]
+    assert (row.model, row.prompt_text, row.response_text, row.error) == ("chat\ufffd", "p\ufffd", "r\ufffd", "e\ufffd")

@@ -145,6 +145,16 @@ def test_serving_store_keeps_keys_conversations_usage_and_the_request_log_on_pos
         assert conn.execute("SELECT count(*) FROM request_log").fetchone() == (3,)
 
 
+def test_text_with_nul_characters_is_stored_on_postgres(postgres: PostgresCluster) -> None:
+    # a reply the tiny model generated held a NUL: on PostgreSQL it cost the turn and the request-log row
+    from helpers import assert_stores_nul_text
+
+    from serving.store import ServingStore
+
+    with ServingStore(postgres.create_database("serving_nul")) as store:
+        assert_stores_nul_text(store)
+
+
 # columns added to the serving schema after its first release; a database from then lacks them
 ADDED_LATER = {"request_log": ["assigned_version", "refusal"], "api_keys": ["training_opt_in"]}
 

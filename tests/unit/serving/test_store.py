@@ -393,3 +393,9 @@ def test_a_database_of_the_old_schema_gets_the_new_columns_on_open(db_path: Path
         ]
         store.log_shadow(shadow_entry())  # the new table was created next to the old ones
         assert len(store.shadow_log()) == 1
+
+
+def test_text_with_nul_characters_is_stored_as_on_postgres(store: ServingStore) -> None:
+    from helpers import assert_stores_nul_text
+
+    assert_stores_nul_text(store)  # tests/integration/test_postgres.py runs the same on PostgreSQL

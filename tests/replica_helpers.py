@@ -1,9 +1,10 @@
 """Gateway replicas behind HAProxy for the e2e test (tests/e2e/test_gateway_replicas.py): Redis, HAProxy on
-infra/haproxy/haproxy.cfg, and ``lifecycle serve`` processes, each started on 127.0.0.1 on free ports and stopped
-by the context manager that started it.
+infra/haproxy/haproxy.cfg, and ``lifecycle serve`` processes, each on 127.0.0.1 on free ports.
 
-    with RedisServer.start() as redis, Replica.start(config, home, env) as a, ...:
-        with LoadBalancer.start([a.address, b.address]) as lb:
+    with RedisServer.start(root) as redis:                      # stopped on exit
+        a = Replica(config, home, overrides, log).start()       # lifecycle serve --port <free>; a.stop() stops it
+        a.wait_ready()
+        with LoadBalancer.start([a.address, b.address], root) as lb:
             httpx.post(lb.url + "/v1/chat/completions", ...)   # header x-gateway-replica: gateway-1 or gateway-2
             a.kill()                                         # SIGKILL: the CLI, its bentoml server and engines
 
@@ -19,7 +20,6 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,10 +212,3 @@ class Replica:
             for group in groups:  # should be none left; never leave one running
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(group, signal.SIGKILL)
-
-
-def scratch(prefix: str) -> Path:
-    """A folder the postgres user can enter too (pytest's tmp_path is 0700 under root)."""
-    root = Path(tempfile.mkdtemp(prefix=prefix))
-    root.chmod(0o755)
-    return root

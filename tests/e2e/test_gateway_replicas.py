@@ -16,6 +16,7 @@ In the order they run (one module-scoped stack; the last test kills a replica):
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -248,21 +249,47 @@ class Outcome:
     error: str | None = None
 
 
-def converse(stack: Stack, key: str, turns: int, out: list[Outcome]) -> None:
-    """One user: a conversation through the balancer, one turn after the other."""
+def converse(stack: Stack, key: str, turns: int, out: list[Outcome], stream: bool) -> None:
+    """One user: a conversation through the balancer, one turn after the other, streamed or not."""
     conv = "new"
     for _ in range(turns):
         sent = time.monotonic()
         try:
-            r = stack.post(stack.lb.url, key, conversation_id=conv, **stack.full(32))
-        except httpx.HTTPError as exc:
-            out.append(Outcome(sent, None, None, None, None, f"{type(exc).__name__}: {exc}"))
-            continue
-        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+            o = streamed(stack, key, conv, sent) if stream else answered(stack, key, conv, sent)
+        except httpx.HTTPError as exc:  # no HTTP answer at all
+            o = Outcome(sent, None, None, None, None, f"{type(exc).__name__}: {exc}")
+        out.append(o)
+        if o.status == 200 and isinstance(o.body, dict) and o.body.get("conversation_id"):
+            conv = o.body["conversation_id"]
+
+
+def answered(stack: Stack, key: str, conv: str, sent: float) -> Outcome:
+    r = stack.post(stack.lb.url, key, conversation_id=conv, **stack.full(32))
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+    return Outcome(sent, r.status_code, r.headers.get("x-gateway-replica"), r.headers.get("x-request-id"), body)
+
+
+def streamed(stack: Stack, key: str, conv: str, sent: float) -> Outcome:
+    """A streamed turn; ``body["done"]`` says whether the stream ended with ``data: [DONE]`` (it may be cut)."""
+    payload = {"model": "chat", "messages": PROMPT, "conversation_id": conv, "stream": True, **stack.full(32)}
+    payload["stream_options"] = {"include_usage": True}
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.stream("POST", stack.lb.url + "/v1/chat/completions", json=payload, headers=headers, timeout=120) as r:
         replica, request_id = r.headers.get("x-gateway-replica"), r.headers.get("x-request-id")
-        out.append(Outcome(sent, r.status_code, replica, request_id, body))
-        if r.status_code == 200:
-            conv = r.headers["x-conversation-id"]
+        if r.status_code != 200:
+            r.read()
+            return Outcome(sent, r.status_code, replica, request_id, r.json())
+        events: list[dict[str, Any]] = []
+        done = False
+        with contextlib.suppress(httpx.RemoteProtocolError, httpx.ReadError):  # a stream its replica cut
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    events.append(json.loads(line.removeprefix("data: ")))
+        usage = next((e["usage"] for e in events if e.get("usage")), None)
+        body = {"done": done, "usage": usage, "conversation_id": r.headers.get("x-conversation-id")}
+        return Outcome(sent, 200, replica, request_id, body)
 
 
 def test_kill_9_of_a_replica_under_load_loses_no_answer_and_no_record(stack: Stack) -> None:
@@ -270,7 +297,10 @@ def test_kill_9_of_a_replica_under_load_loses_no_answer_and_no_record(stack: Sta
     victim, survivor = stack.replicas
     victim_name, survivor_name = replica_name(stack, victim), replica_name(stack, survivor)
     outcomes: list[list[Outcome]] = [[] for _ in range(6)]
-    users = [threading.Thread(target=converse, args=(stack, key, 10, out)) for out in outcomes]
+    streaming = {0, 1}  # two of the six users stream their turns
+    users = [
+        threading.Thread(target=converse, args=(stack, key, 10, out, i in streaming)) for i, out in enumerate(outcomes)
+    ]
     for u in users:
         u.start()
     try:
@@ -298,6 +328,10 @@ def test_kill_9_of_a_replica_under_load_loses_no_answer_and_no_record(stack: Sta
     # the requests in flight on the victim were sent again, to the survivor, which answered them: no errors
     assert stack.lb.retried_lines(), "no request was retried: none was in flight on the victim at the kill"
     assert [o for o in flat if o.status != 200] == []
+    # a stream cannot be retried once its first bytes are out: one cut by the kill ends without [DONE] (the
+    # client can tell it is incomplete and asks again); only streams on the victim, started before the kill
+    cut = [o for o in flat if not o.body.get("done", True)]
+    assert all(o.replica == victim_name and o.sent < killed for o in cut), cut
     # everything sent after the kill went to the survivor, and the victim's conversations continued there
     after = [o for o in flat if o.sent > killed]
     assert after and {o.replica for o in after} == {survivor_name}
@@ -311,7 +345,7 @@ def test_kill_9_of_a_replica_under_load_loses_no_answer_and_no_record(stack: Sta
         assert len({o.body["conversation_id"] for o in out[1:]}) == 1  # one conversation from its second turn on
 
     # every answered request has its request-log row (status ok, 200, its tokens) in the shared database
-    answered = {o.request_id: o.body["usage"] for o in flat}
+    answered = {o.request_id: o.body["usage"] for o in flat if o not in cut}
     rows = {
         rid: (status, http_status, prompt, completion)
         for rid, status, http_status, prompt, completion in stack.sql(

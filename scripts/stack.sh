@@ -15,10 +15,11 @@
 #
 # Settings, from the environment: STACK_HOME (./.lifecycle/stack: databases, logs, pid files, secrets, the
 # lifecycle homes), STACK_WORKERS (1), STACK_POSTGRES_PORT (5432), STACK_REDIS_PORT (6379), STACK_MLFLOW_PORT
-# (5000), STACK_PREFECT_PORT (4200), GATEWAY_PORT (3000), STACK_WORKER_HEALTH_PORT (8080: worker N answers on
+# (5000), STACK_PREFECT_PORT (4200), GATEWAY_PORT (3000: HAProxy, the clients' address), STACK_GATEWAY_REPLICA_PORT
+# (3001: gateway replica N listens on 3001+N-1), STACK_WORKER_HEALTH_PORT (8080: worker N answers on
 # 8080+N-1), STACK_BASE_CONFIG (configs/production.yaml). Secrets: infra/.env when it exists (the file compose
 # reads); any left empty are generated once into $STACK_HOME/secrets.env (mode 600) and reused.
-# Needs Debian's postgresql and redis-server (scripts/install-services.sh) and .venv (scripts/setup-env.sh).
+# Needs Debian's postgresql, redis-server and haproxy (scripts/install-services.sh) and .venv (scripts/setup-env.sh).
 # docs/production.md maps each compose service to its process here.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,6 +31,8 @@ redis_port=${STACK_REDIS_PORT:-6379}
 mlflow_port=${STACK_MLFLOW_PORT:-5000}
 prefect_port=${STACK_PREFECT_PORT:-4200}
 gateway_port=${GATEWAY_PORT:-3000}
+replica_port=${STACK_GATEWAY_REPLICA_PORT:-3001}
+gateways=2 # compose: the gateway's deploy.replicas (infra/haproxy/haproxy.cfg has a server line for each)
 worker_health=${STACK_WORKER_HEALTH_PORT:-8080}
 base_config=${STACK_BASE_CONFIG:-$repo/configs/production.yaml}
 pool=lifecycle # compose: prefect worker start --pool lifecycle
@@ -76,7 +79,11 @@ worker_cmd() { # N
   echo "$venv/bin/prefect" worker start --pool "$pool" --type process --with-healthcheck --name "worker-$1"
 }
 schedule_cmd=("$venv/bin/lifecycle" schedule --config "$config" --work-pool "$pool")
-gateway_cmd=("$venv/bin/lifecycle" serve --config "$config")
+# --- gateway replicas behind HAProxy (compose: gateway x2 + gateway-lb; docs/production.md "Gateway replicas")
+gateway_cmd() { # N: each replica needs a port of its own here (in compose each container has 3000)
+  echo "$venv/bin/lifecycle" serve --config "$config" --port $((replica_port + $1 - 1))
+}
+lb_cmd=(haproxy -W -db -f "$repo/infra/haproxy/haproxy.cfg")
 
 # environments (names listed by `plan`; values never printed)
 mlflow_env() { echo PGPASSWORD="$MLFLOW_DB_PASSWORD" MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false; }
@@ -94,6 +101,7 @@ worker_env() { # N
 }
 schedule_env() { echo PREFECT_API_URL="http://$host:$prefect_port/api" PGPASSWORD="$SERVING_DB_PASSWORD" LIFECYCLE_HOME="$home/home"; }
 gateway_env() { echo PGPASSWORD="$SERVING_DB_PASSWORD" LIFECYCLE_HOME="$home/gateway-home"; }
+lb_env() { echo LB_BIND=$host:"$gateway_port" GATEWAY_1=$host:"$replica_port" GATEWAY_2=$host:$((replica_port + 1)); }
 
 write_config() {
   cat >"$config" <<EOF
@@ -142,7 +150,8 @@ healthy() { # NAME
   mlflow) curl -fs -o /dev/null "http://$host:$mlflow_port/health" ;;
   prefect-server) curl -fs -o /dev/null "http://$host:$prefect_port/api/health" ;;
   worker-*) curl -fs -o /dev/null "http://$host:$((worker_health + ${1#worker-} - 1))/health" ;;
-  gateway) curl -fs -o /dev/null "http://$host:$gateway_port/healthz" ;;
+  gateway-lb) curl -fs -o /dev/null "http://$host:$gateway_port/lb-healthz" ;;
+  gateway-*) curl -fs -o /dev/null "http://$host:$((replica_port + ${1#gateway-} - 1))/healthz" ;;
   esac
 }
 
@@ -208,11 +217,17 @@ stop() { # NAME: TERM to its group, KILL what is left after 10 s (compose's defa
   rm -f "$pids/$1.pid"
 }
 
-services() { echo redis mlflow prefect-server; for i in $(seq "$workers"); do echo "worker-$i"; done; echo gateway; }
+services() {
+  echo redis mlflow prefect-server
+  for i in $(seq "$workers"); do echo "worker-$i"; done
+  for i in $(seq $gateways); do echo "gateway-$i"; done
+  echo gateway-lb
+}
 
 up() {
   [[ -x $venv/bin/lifecycle ]] || die "no $venv: run scripts/setup-env.sh"
   command -v redis-server >/dev/null || die "no redis-server: run scripts/install-services.sh"
+  command -v haproxy >/dev/null || die "no haproxy: run scripts/install-services.sh"
   mkdir -p "$home"
   secrets
   write_config
@@ -235,15 +250,21 @@ up() {
   env $(schedule_env) "${schedule_cmd[@]}" >>"$logs/scheduler.log" 2>&1 ||
     { tail -n 20 "$logs/scheduler.log" >&2; die "lifecycle schedule --work-pool failed; log: $logs/scheduler.log"; }
   echo "stack: schedules registered on work pool '$pool'"
-  # the gateway exits (and is restarted) until the registry has a champion, as in compose
-  supervise gateway "$(gateway_env)" "${gateway_cmd[@]}"
-  echo "stack: gateway started (serves http://$host:$gateway_port once a version is champion; log: $logs/gateway.log)"
+  # the gateways exit (and are restarted) until the registry has a champion, as in compose
+  for i in $(seq $gateways); do
+    # shellcheck disable=SC2046
+    supervise "gateway-$i" "$(gateway_env)" $(gateway_cmd "$i")
+  done
+  supervise gateway-lb "$(lb_env)" "${lb_cmd[@]}"
+  wait_healthy gateway-lb 30
+  echo "stack: $gateways gateways started behind HAProxy (serve http://$host:$gateway_port once a version is champion; logs: $logs/gateway-N.log)"
   echo "stack: up. MLflow UI http://$host:$mlflow_port, Prefect UI http://$host:$prefect_port; clients: eval \"\$(scripts/stack.sh env)\""
 }
 
 down() {
   local s
-  for s in gateway $(for i in $(seq 16 -1 1); do echo "worker-$i"; done) prefect-server mlflow redis; do stop "$s"; done
+  for s in gateway-lb $(for i in $(seq $gateways -1 1); do echo "gateway-$i"; done) \
+    $(for i in $(seq 16 -1 1); do echo "worker-$i"; done) prefect-server mlflow redis; do stop "$s"; done
   postgres_down
 }
 
@@ -267,7 +288,8 @@ address() {
   mlflow) echo "http://$host:$mlflow_port" ;;
   prefect-server) echo "http://$host:$prefect_port" ;;
   worker-*) echo "pool $pool" ;;
-  gateway) echo "http://$host:$gateway_port" ;;
+  gateway-lb) echo "http://$host:$gateway_port" ;;
+  gateway-*) echo "http://$host:$((replica_port + ${1#gateway-} - 1))" ;;
   esac
 }
 
@@ -306,7 +328,10 @@ plan() {
       printf '%s\t%s\t%s\t%s\t%s\n' prefect-worker "worker-$i" "$((worker_health + i - 1))" "$(names $(worker_env "$i"))" "$(quoted $(worker_cmd "$i"))"
     done
     printf '%s\t%s\t%s\t%s\t%s\n' scheduler scheduler - "$(names $(schedule_env))" "$(quoted "${schedule_cmd[@]}")"
-    printf '%s\t%s\t%s\t%s\t%s\n' gateway gateway "$gateway_port" "$(names $(gateway_env))" "$(quoted "${gateway_cmd[@]}")"
+    for i in $(seq $gateways); do
+      printf '%s\t%s\t%s\t%s\t%s\n' gateway "gateway-$i" "$((replica_port + i - 1))" "$(names $(gateway_env))" "$(quoted $(gateway_cmd "$i"))"
+    done
+    printf '%s\t%s\t%s\t%s\t%s\n' gateway-lb gateway-lb "$gateway_port" "$(names $(lb_env))" "$(quoted "${lb_cmd[@]}")"
     printf '%s\t%s\t%s\t%s\t%s\n' trainer - - "$(names $(schedule_env))" "- lifecycle (scripts/stack.sh env)"
   }
 }

@@ -349,6 +349,9 @@ async def _answer(request: Request, gw: Gateway, calls: list[Call], work: Any, h
     aborted). Every call is recorded once, with the status its client was told."""
     try:
         body = await _until_disconnect(request, work)
+        if body is not None:  # recorded before the client has its answer (a replica may die right after)
+            for call in calls:
+                await gw.settle(call)
         return JSONResponse(body, headers=headers) if body is not None else Response(status_code=499, headers=headers)
     except APIError as exc:
         for call in calls:

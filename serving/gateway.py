@@ -468,6 +468,7 @@ class Gateway:
                 yield frame(error.body())
                 yield b"data: [DONE]\n\n"
                 return
+            await self.settle(call)  # recorded before the client sees the stream end
             for obj in tail:
                 yield frame(obj)
             yield b"data: [DONE]\n\n"
@@ -486,8 +487,20 @@ class Gateway:
     def finish(self, call: Call) -> None:
         """Record the request (log row, usage, conversation, token reconciliation, metrics) exactly once, in
         the background so a disconnecting client cannot cancel it."""
+        self._record(call)
+
+    async def settle(self, call: Call) -> None:
+        """Record a request that completed before its client is told so (the body of an answer, the last events
+        of a stream): a replica killed right after answering must not lose the request-log and usage rows of
+        an answer its client got (a few milliseconds of database writes per request). Cancelling the wait (a
+        client that left) does not cancel the write."""
+        task = self._record(call)
+        if task is not None:
+            await asyncio.shield(task)
+
+    def _record(self, call: Call) -> asyncio.Task[None] | None:
         if call.finished:
-            return
+            return None
         call.finished = True
         call.ended = time.monotonic()
         if call.shadow_run is not None:
@@ -500,10 +513,12 @@ class Gateway:
         rid = call.request_id
         self._recording[rid] = task
         task.add_done_callback(lambda t: self._recording.pop(rid) if self._recording.get(rid) is t else None)
+        return task
 
     async def recorded(self, request_id: str) -> None:
         """Wait until the record write of ``request_id`` (if one is running) is done: a client rating an answer
-        right after its response must find the request-log row (``serving.feedback``)."""
+        right after its response must find the request-log row (``serving.feedback``). Answers are recorded
+        before their client gets them (``settle``); this covers the requests recorded in the background."""
         task = self._recording.get(request_id)
         if task is not None:
             await asyncio.wait({task})

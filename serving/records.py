@@ -61,9 +61,10 @@ class Recorder:
                     self.limiter.reconcile(
                         call.key.id, tpm, call.reserved_tokens, prompt_tokens + call.completion_tokens
                     )
-                self.store.record_usage(call.key.id, ref, prompt_tokens, call.completion_tokens)
             text = "".join(call.text)
-            self.store.log_request(
+            # with a key: its usage and the log row in one transaction (both or neither, whenever the process dies)
+            write = self.store.log_answer if call.key is not None else self.store.log_request
+            write(
                 RequestLogEntry(
                     request_id=call.request_id,
                     at=datetime.now(UTC),

@@ -42,6 +42,36 @@ class UtcDateTime(sa.TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _storable(value: str | None) -> str | None:
+    return value.replace("\x00", "\ufffd") if value is not None else None
+
+
+class StoredText(sa.TypeDecorator[str]):
+    """Text as every backend can store it: NUL characters become U+FFFD.
+
+    PostgreSQL's text types cannot hold NUL (SQLite can), and a model's reply may contain one (a byte-level
+    tokenizer decodes whatever the model emits; a client may send one): without this, the same answer that SQLite
+    records would fail on Postgres, losing its conversation turn and its request-log row. The client still gets
+    the reply as generated; the stored copy (conversation history, request log) has the replacement character.
+    """
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> str | None:
+        return _storable(value)
+
+
+class StoredString(sa.TypeDecorator[str]):
+    """``StoredText``'s NUL handling on a bounded string column (the model name a client sent)."""
+
+    impl = sa.String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> str | None:
+        return _storable(value)
+
+
 metadata = sa.MetaData()
 
 keys_t = sa.Table(
@@ -72,8 +102,8 @@ conversations_t = sa.Table(
     metadata,
     sa.Column("id", sa.String(40), primary_key=True),
     sa.Column("key_id", sa.String(64), nullable=False),
-    sa.Column("model", sa.String(200), nullable=False),
-    sa.Column("system", sa.Text),
+    sa.Column("model", StoredString(200), nullable=False),
+    sa.Column("system", StoredText),
     sa.Column("created_at", UtcDateTime, nullable=False),
     sa.Column("updated_at", UtcDateTime, nullable=False),
     sa.Column("deleted_at", UtcDateTime),
@@ -88,7 +118,7 @@ messages_t = sa.Table(
     sa.Column("conversation_id", sa.String(40), sa.ForeignKey("conversations.id", ondelete="CASCADE"), nullable=False),
     sa.Column("seq", sa.Integer, nullable=False),
     sa.Column("role", sa.String(20), nullable=False),
-    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("content", StoredText, nullable=False),
     sa.Column("model_version", sa.String(200)),
     sa.Column("created_at", UtcDateTime, nullable=False),
     # a blocked exchange ("pre:<rule>", "post:<rule>"): kept in the history, out of every later turn's context
@@ -114,7 +144,7 @@ log_t = sa.Table(
     sa.Column("request_id", sa.String(100), nullable=False, index=True),
     sa.Column("at", UtcDateTime, nullable=False, index=True),
     sa.Column("key_id", sa.String(64)),
-    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("model", StoredString(200), nullable=False),
     sa.Column("model_version", sa.String(200)),
     sa.Column("alias", sa.String(200)),
     sa.Column("route", sa.String(40)),
@@ -129,10 +159,10 @@ log_t = sa.Table(
     sa.Column("pre_filter", sa.String(200)),
     sa.Column("post_filter", sa.String(200)),
     sa.Column("conversation_id", sa.String(40)),
-    sa.Column("prompt_text", sa.Text),
-    sa.Column("response_text", sa.Text),
+    sa.Column("prompt_text", StoredText),
+    sa.Column("response_text", StoredText),
     sa.Column("finish_reason", sa.String(40)),
-    sa.Column("error", sa.Text),
+    sa.Column("error", StoredText),
     sa.Column("redactions", sa.Integer, nullable=False),
     # added with progressive delivery (``ServingStore`` adds them to older databases on open)
     sa.Column("assigned_version", sa.String(200)),
@@ -171,7 +201,7 @@ shadow_t = sa.Table(
     sa.Column("shadow_ttft_ms", sa.Float),
     sa.Column("primary_e2e_ms", sa.Float),
     sa.Column("shadow_e2e_ms", sa.Float),
-    sa.Column("error", sa.Text),
+    sa.Column("error", StoredText),
     sa.Index("ix_shadow_log_version_at", "shadow_version", "at"),
 )
 

@@ -394,6 +394,28 @@ class ServingStore:
         INSERT. Two first requests of a day racing to insert collide on the primary key; the loser retries and
         takes the UPDATE path. On SQLite the write transaction is IMMEDIATE, so the race cannot even happen.
         """
+        self._usage_and_log(key_id, model, prompt_tokens, completion_tokens, at, None)
+
+    def log_answer(self, entry: RequestLogEntry) -> RequestLogEntry:
+        """``record_usage`` (on the entry's key, version and tokens) and ``log_request`` in one transaction: a
+        process killed mid-way leaves both or neither, so usage always adds up to the request log."""
+        if entry.key_id is None or entry.model_version is None:
+            raise DataError(f"an answer's usage needs its key and version ({entry.request_id})")
+        stored = self._usage_and_log(
+            entry.key_id, entry.model_version, entry.prompt_tokens, entry.completion_tokens, entry.at, entry
+        )
+        assert stored is not None
+        return stored
+
+    def _usage_and_log(
+        self,
+        key_id: str,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        at: datetime | None,
+        entry: RequestLogEntry | None,
+    ) -> RequestLogEntry | None:
         if prompt_tokens < 0 or completion_tokens < 0:
             raise DataError(f"token counts must be >= 0 ({prompt_tokens}, {completion_tokens})")
         day = to_utc(at or _now()).date()
@@ -404,16 +426,20 @@ class ServingStore:
             "prompt_tokens": c.prompt_tokens + prompt_tokens,
             "completion_tokens": c.completion_tokens + completion_tokens,
         }
+        stored = _redacted(entry) if entry is not None else None
         for attempt in range(3):
             try:
                 with self._write() as conn:
                     if conn.execute(sa.update(usage_t).where(row).values(bump)).rowcount == 0:
                         first = {"requests": 1, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
                         conn.execute(sa.insert(usage_t).values(key_id=key_id, model=model, day=day, **first))
-                return
+                    if stored is not None:
+                        conn.execute(sa.insert(log_t).values({f: getattr(stored, f) for f in _LOG_FIELDS}))
+                return stored
             except IntegrityError:
                 if attempt == 2:
                     raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def usage(self, key_id: str, start: date | None = None, end: date | None = None) -> list[UsageRow]:
         """Daily totals per model for one key, ``start`` and ``end`` inclusive (UTC days), oldest first."""
@@ -430,15 +456,7 @@ class ServingStore:
 
     def log_request(self, entry: RequestLogEntry) -> RequestLogEntry:
         """Write one entry with its prompt and reply redacted; returns what was stored."""
-        prompt, p_counts = redact(entry.prompt_text) if entry.prompt_text else (entry.prompt_text, {})
-        response, r_counts = redact(entry.response_text) if entry.response_text else (entry.response_text, {})
-        stored = replace(
-            entry,
-            at=to_utc(entry.at),
-            prompt_text=prompt,
-            response_text=response,
-            redactions=sum(p_counts.values()) + sum(r_counts.values()),
-        )
+        stored = _redacted(entry)
         with self._write() as conn:
             conn.execute(sa.insert(log_t).values({f: getattr(stored, f) for f in _LOG_FIELDS}))
         return stored
@@ -592,6 +610,19 @@ def _training_turns(conn: sa.Connection, conv_ids: Sequence[str]) -> dict[str, t
             turns.append(TrainingTurn(r.role, r.content, r.created_at, r.model_version, status))
         out[conv_id] = tuple(turns)
     return out
+
+
+def _redacted(entry: RequestLogEntry) -> RequestLogEntry:
+    """A request-log entry as it is stored: prompt and reply redacted (``core.redact``), time in UTC."""
+    prompt, p_counts = redact(entry.prompt_text) if entry.prompt_text else (entry.prompt_text, {})
+    response, r_counts = redact(entry.response_text) if entry.response_text else (entry.response_text, {})
+    return replace(
+        entry,
+        at=to_utc(entry.at),
+        prompt_text=prompt,
+        response_text=response,
+        redactions=sum(p_counts.values()) + sum(r_counts.values()),
+    )
 
 
 def _configure_sqlite(engine: sa.Engine) -> None:

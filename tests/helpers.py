@@ -163,3 +163,31 @@ def killed_after_first_checkpoint(call: str, run_dir: Path) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert not (run_dir / "train_result.json").exists()  # it really died mid-way
+
+
+def assert_stores_nul_text(store: Any) -> None:
+    """A ``serving.store.ServingStore`` (SQLite or PostgreSQL) stores text holding NUL characters, which a model's
+    reply or a client's input may contain, with U+FFFD in their place (PostgreSQL's text cannot hold NUL)."""
+    from datetime import UTC, datetime
+
+    from serving.store import RequestLogEntry
+
+    key, _ = store.create_key("nul-text")
+    conv = store.create_conversation(key.id, "chat\x00", system="be\x00brief")
+    store.append_messages(key.id, conv.id, [{"role": "user", "content": "a\x00b"}], None)
+    entry = RequestLogEntry(
+        request_id="req_nul",
+        at=datetime.now(UTC),
+        key_id=key.id,
+        model="chat\x00",
+        status="ok",
+        http_status=200,
+        prompt_text="p\x00",
+        response_text="r\x00",
+        error="e\x00",
+    )
+    store.log_request(entry)
+    got = store.get_conversation(key.id, conv.id)
+    assert (got.model, got.system, got.messages[0]["content"]) == ("chat\ufffd", "be\ufffdbrief", "a\ufffdb")
+    (row,) = [r for r in store.request_log() if r.request_id == "req_nul"]
+    assert (row.model, row.prompt_text, row.response_text, row.error) == ("chat\ufffd", "p\ufffd", "r\ufffd", "e\ufffd")

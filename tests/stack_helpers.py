@@ -39,13 +39,17 @@ class Unavailable(Exception):
 
 
 def require_services() -> None:
-    have = shutil.which("redis-server") and list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    have = (
+        shutil.which("redis-server")
+        and shutil.which("haproxy")
+        and list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    )
     if have:
         return
     proc = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise Unavailable(f"PostgreSQL/Redis are not installed and {INSTALL.name} failed: {why}")
+        raise Unavailable(f"PostgreSQL/Redis/HAProxy are not installed and {INSTALL.name} failed: {why}")
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, every_s: float = 1.0) -> T:
@@ -128,7 +132,9 @@ class NativeStack:
             name: str(free_port())
             for name in ("STACK_POSTGRES_PORT", "STACK_REDIS_PORT", "STACK_MLFLOW_PORT", "STACK_PREFECT_PORT")
         }
-        ports["GATEWAY_PORT"] = str(free_port())
+        ports["GATEWAY_PORT"] = str(free_port())  # HAProxy: the clients' address
+        # gateway replicas listen on consecutive ports from this one
+        ports["STACK_GATEWAY_REPLICA_PORT"] = str(free_port())
         # workers answer health checks on consecutive ports from this one
         ports["STACK_WORKER_HEALTH_PORT"] = str(free_port())
         env = {

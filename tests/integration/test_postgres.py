@@ -182,6 +182,16 @@ def test_feedback_is_stored_on_its_row_and_read_for_curation_on_postgres(postgre
         ).fetchone() == (-1, "terse")
 
 
+def test_text_with_nul_characters_is_stored_on_postgres(postgres: PostgresCluster) -> None:
+    # a reply the tiny model generated held a NUL: on PostgreSQL it cost the turn and the request-log row
+    from helpers import assert_stores_nul_text
+
+    from serving.store import ServingStore
+
+    with ServingStore(postgres.create_database("serving_nul")) as store:
+        assert_stores_nul_text(store)
+
+
 # columns added to the serving schema after its first release; a database from then lacks them
 ADDED_LATER = {
     "request_log": [

@@ -463,8 +463,16 @@ def test_gateway_runs_lifecycle_serve_on_production_yaml() -> None:
     assert args[0] == "serve"
     config = flag(args, "--config")
     assert config and (REPO / config).resolve() == PRODUCTION
-    assert [p["target"] for p in gateway["ports"]] == [cfg.serving.port]
     assert flag(args, "--port") in (None, str(cfg.serving.port))
+    # the replicas publish nothing: clients reach them through gateway-lb, which balances them on that port
+    assert "ports" not in gateway and gateway["deploy"]["replicas"] >= 2
+    lb = services()["gateway-lb"]
+    assert [p["target"] for p in lb["ports"]] == [cfg.serving.port]
+    assert environment(lb)["LB_BIND"] == f":{cfg.serving.port}"
+    replicas = [environment(lb)[f"GATEWAY_{i + 1}"] for i in range(gateway["deploy"]["replicas"])]
+    assert replicas == [f"chat-lifecycle-gateway-{i + 1}:{cfg.serving.port}" for i in range(len(replicas))]
+    assert compose()["name"] == "chat-lifecycle"  # the replicas' container names above start with it
+    assert lb["depends_on"] == {"gateway": {"condition": "service_started"}}
     # every backend the config names is a service of the stack
     assert cfg.registry.tracking_uri
     mlflow = urlsplit(cfg.registry.tracking_uri)

@@ -5,7 +5,8 @@ Reads what the script would run (``stack.sh plan``: per compose service its nati
 command) and the config it gives the lifecycle's processes (``stack.sh config``); starts nothing. The differences
 allowed are the ones a native stack must have, each listed here: services bind 127.0.0.1 instead of 0.0.0.0,
 compose's service names (postgres, mlflow, redis, prefect-server) become 127.0.0.1, the object store becomes a
-folder the MLflow server proxies the same way, a second worker needs a name and a health port of its own.
+folder the MLflow server proxies the same way, a second worker needs a name and a health port of its own, and so
+does each gateway replica (compose gives each container port 3000 and a name HAProxy finds it by).
 """
 
 from __future__ import annotations
@@ -103,15 +104,23 @@ def test_every_compose_service_has_a_native_equivalent_and_no_other() -> None:
 
 
 def test_ports_are_the_ports_compose_publishes() -> None:
-    for service in ("mlflow", "prefect-server", "gateway"):
+    for service in ("mlflow", "prefect-server", "gateway-lb"):
         assert [one(service).port] == published(service), service
     prod = load_config(CONFIG_DIR / "production.yaml")
     assert prod.serving.database_url and prod.serving.api_keys.storage_uri
     assert one("postgres").port == urlsplit(prod.serving.database_url).port == 5432
     assert one("redis").port == urlsplit(prod.serving.api_keys.storage_uri).port == 6379
     assert published("minio") == [9001] and one("minio").port is None  # MinIO's console: no object store here
-    # the gateway's published port is ${GATEWAY_PORT:-3000} in compose; the script reads the same variable
-    assert "${GATEWAY_PORT:-3000}" in str(services()["gateway"]["ports"])
+    # the clients' port (HAProxy's) is ${GATEWAY_PORT:-3000} in compose; the script reads the same variable
+    assert "${GATEWAY_PORT:-3000}" in str(services()["gateway-lb"]["ports"])
+    # compose's gateway replicas publish nothing; natively each listens on a port of its own, the one HAProxy names
+    replicas = native("gateway")
+    assert len(replicas) == services()["gateway"]["deploy"]["replicas"] and published("gateway") == []
+    assert len({r.port for r in replicas} | {one("gateway-lb").port}) == len(replicas) + 1
+    assert [r.port for r in replicas] == [int(str(flag(r.argv, "--port"))) for r in replicas]
+    lb = one("gateway-lb").env
+    assert [lb[f"GATEWAY_{i + 1}"] for i in range(len(replicas))] == [f"{NATIVE_HOST}:{r.port}" for r in replicas]
+    assert lb["LB_BIND"] == f"{NATIVE_HOST}:{one('gateway-lb').port}"
 
 
 def test_commands_are_the_compose_commands() -> None:
@@ -146,12 +155,21 @@ def test_commands_are_the_compose_commands() -> None:
     def without_config(argv: list[str]) -> list[str]:
         return [a for i, a in enumerate(argv) if a != "--config" and (i == 0 or argv[i - 1] != "--config")]
 
-    for service in ("scheduler", "gateway"):
-        n, c = one(service).argv, compose_argv(service)
-        assert Path(n[0]).name == c[0] == "lifecycle"
+    def without_port(argv: list[str]) -> list[str]:  # each native replica's own port (checked above)
+        return [a for i, a in enumerate(argv) if a != "--port" and (i == 0 or argv[i - 1] != "--port")]
+
+    for n in [one("scheduler"), *native("gateway")]:
+        c = compose_argv(n.service)
+        assert Path(n.argv[0]).name == c[0] == "lifecycle"
         assert flag(c, "--config") == "configs/production.yaml"
-        assert flag(n, "--config") == str(stack_home() / "lifecycle.yaml")
-        assert without_config(n[1:]) == without_config(c[1:])
+        assert flag(n.argv, "--config") == str(stack_home() / "lifecycle.yaml")
+        assert without_port(without_config(n.argv[1:])) == without_config(c[1:])
+
+    # HAProxy: the same program and flags on the same file (compose mounts infra/haproxy/haproxy.cfg)
+    lb, c = one("gateway-lb").argv, compose_argv("gateway-lb")
+    (mount,) = [v for v in services()["gateway-lb"]["volumes"] if v.split(":")[1] == flag(c, "-f")]
+    assert flag(lb, "-f") == str((INFRA / mount.split(":")[0]).resolve())
+    assert [a for a in lb if a != flag(lb, "-f")] == [a for a in c if a != flag(c, "-f")]
 
 
 def test_environments_are_the_compose_environments() -> None:
@@ -170,6 +188,8 @@ def test_environments_are_the_compose_environments() -> None:
                     assert (value, n.env[name]) == ("postgres", NATIVE_HOST)
                 elif name == "PREFECT_SERVER_DATABASE_PORT":
                     assert n.env[name] == value == str(one("postgres").port)
+                elif service == "gateway-lb":  # addresses: compared with the ports in test_ports_are_...
+                    assert value.endswith(":3000") and n.env[name].startswith(f"{NATIVE_HOST}:")
                 else:
                     assert n.env[name] == localized(value), f"{service}: {name}={n.env[name]} vs {value}"
             extra = set(n.env) - set(theirs)
@@ -208,9 +228,9 @@ def test_postgres_gets_the_databases_and_roles_of_compose(tmp_path: Path) -> Non
     assert "infra/postgres/init-databases.sh" in STACK.read_text()
 
 
-@pytest.mark.parametrize("service", ["mlflow", "prefect-server", "prefect-worker", "gateway", "redis"])
+@pytest.mark.parametrize("service", ["mlflow", "prefect-server", "prefect-worker", "gateway", "gateway-lb", "redis"])
 def test_long_running_services_restart_like_compose(service: str) -> None:
     # compose: restart unless-stopped; the script supervises them (restarts with Docker's back-off)
     assert services()[service].get("restart") == "unless-stopped"
-    name = '"worker-$i"' if service == "prefect-worker" else service
+    name = {"prefect-worker": '"worker-$i"', "gateway": '"gateway-$i"'}.get(service, service)
     assert f"supervise {name} " in STACK.read_text()

@@ -404,6 +404,23 @@ async def test_request_log_and_usage_are_written_after_the_response(make_harness
     )
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_is_recorded_before_its_client_has_it(make_harness: MakeHarness, stream: bool) -> None:
+    # read without draining the background writes: a replica killed right after answering has recorded it
+    h = make_harness()
+    r = await h.chat(stream=stream)
+    assert r.status_code == 200
+    store = h.runtime.gateway.store
+    (row,) = store.request_log()
+    assert (row.request_id, row.status, row.http_status, row.stream) == (r.headers["x-request-id"], "ok", 200, stream)
+    (usage,) = store.usage(h.key.id)
+    assert (usage.requests, usage.prompt_tokens, usage.completion_tokens) == (
+        1,
+        row.prompt_tokens,
+        row.completion_tokens,
+    )
+
+
 async def test_rejected_requests_leave_a_log_row(make_harness: MakeHarness) -> None:
     h = make_harness()
     _, secret = h.runtime.gateway.store.create_key("limited", requests_per_minute=1)

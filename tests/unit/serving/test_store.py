@@ -393,3 +393,37 @@ def test_a_database_of_the_old_schema_gets_the_new_columns_on_open(db_path: Path
         ]
         store.log_shadow(shadow_entry())  # the new table was created next to the old ones
         assert len(store.shadow_log()) == 1
+
+
+def test_text_with_nul_characters_is_stored_as_on_postgres(store: ServingStore) -> None:
+    from helpers import assert_stores_nul_text
+
+    assert_stores_nul_text(store)  # tests/integration/test_postgres.py runs the same on PostgreSQL
+
+
+def test_an_answers_usage_and_log_row_are_written_together_or_not_at_all(store: ServingStore) -> None:
+    from dataclasses import replace
+
+    from sqlalchemy.exc import IntegrityError
+
+    key, _ = store.create_key("answers")
+    entry = RequestLogEntry(
+        request_id="req_1",
+        at=datetime.now(UTC),
+        key_id=key.id,
+        model="chat",
+        model_version="chat/1",
+        status="ok",
+        http_status=200,
+        prompt_tokens=3,
+        completion_tokens=4,
+        response_text="mail bob@example.org",
+    )
+    assert store.log_answer(entry).response_text == "mail [EMAIL]"  # redacted like log_request
+    with pytest.raises(IntegrityError):  # the log row cannot be written (status is NOT NULL) ...
+        store.log_answer(replace(entry, request_id="req_2", status=None))  # type: ignore[arg-type]
+    # ... so its usage was not counted either
+    assert [(u.model, u.requests, u.prompt_tokens, u.completion_tokens) for u in store.usage(key.id)] == [
+        ("chat/1", 1, 3, 4)
+    ]
+    assert [r.request_id for r in store.request_log()] == ["req_1"]

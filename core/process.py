@@ -157,8 +157,10 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout_s: float = 30) -> None:
-        """SIGTERM to the whole process group (graceful), SIGKILL to whatever is left in it."""
+    def stop(self, timeout_s: float = 10) -> None:
+        """SIGTERM to the whole process group (graceful), SIGKILL to whatever is left in it after ``timeout_s``
+        (compose's default stop grace: an MLflow server signalled while its job runner is still starting can
+        ignore SIGTERM, and Ctrl-C of `lifecycle ui` must not wait half a minute per server for it)."""
         if self.proc is None:
             return
         if self.proc.poll() is None:

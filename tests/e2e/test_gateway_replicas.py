@@ -38,6 +38,9 @@ from core.home import Home
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
 from serving.split import assign
 
+# slow: CI's time (two replicas with their engines take ~3 min to start on 2 cores); `make test-all` runs it
+pytestmark = pytest.mark.slow
+
 PROMPT = [{"role": "user", "content": "What is 2 + 2?"}]
 CHAMPION, CHALLENGER = "chat/1", "chat/2"  # helpers.register_serving_versions
 

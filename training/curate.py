@@ -89,6 +89,13 @@ class SourceConversation:
     turns: tuple[SourceTurn, ...] = ()
 
 
+def counts_json(report: Any) -> dict[str, Any]:
+    """A curation report's fields as JSON: the counts, and each breakdown (rule -> count) in key order."""
+    return {
+        name: dict(sorted(value.items())) if isinstance(value, dict) else value for name, value in vars(report).items()
+    }
+
+
 @dataclass(frozen=True)
 class CurationReport:
     """What curation read and why each candidate was kept or dropped (see the module docstring)."""
@@ -112,10 +119,7 @@ class CurationReport:
     redactions: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            name: dict(sorted(value.items())) if isinstance(value, dict) else value
-            for name, value in self.__dict__.items()
-        }
+        return counts_json(self)
 
 
 @dataclass(frozen=True)

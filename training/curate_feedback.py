@@ -47,7 +47,7 @@ from core.hashing import canonical_json
 from core.redact import redact
 from core.refusal import is_refusal
 from training.config import SnapshotConfig
-from training.curate import COMPLETED, SafetyChecker, Scrubber, provenance_id
+from training.curate import COMPLETED, SafetyChecker, Scrubber, counts_json, provenance_id
 from training.records import ChatRecord, Message, RecordInvalid, loose_text, parse_record
 
 SOURCE = "feedback"
@@ -96,7 +96,7 @@ class PreferenceReport:
     redactions: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: dict(sorted(v.items())) if isinstance(v, dict) else v for k, v in self.__dict__.items()}
+        return counts_json(self)
 
 
 @dataclass(frozen=True)

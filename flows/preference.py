@@ -29,7 +29,7 @@ from training.finetune import DpoSpec, TrainResult, finetune, resolve_deepspeed_
 from training.modelio import ModelFolder, inspect_model_folder, merge_adapter
 from training.preference import CURATED_FOLDER
 from training.snapshot import PAIRS, Snapshot, build_snapshot
-from training.synth import write_jsonl
+from training.synth import code_hash, write_jsonl
 from training.synth_pairs import generate_pairs
 from training.tokenizer import tokenizer_hashes
 
@@ -52,6 +52,7 @@ def pair_snapshot_stage(cfg: LifecycleConfig, home: Home, chat_snapshot: str, *,
         {
             "pairs": cfg.preference.data.model_dump(mode="json"),
             "generator": cfg.data.generator.config_hash(),
+            "code": code_hash(),
             "eval_sets": sets.hash,
         }
     )

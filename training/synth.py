@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
+from core.hashing import sha256_files
 from training.config import SKILLS, GeneratorConfig
 from training.records import loose_text
 from training.synth_pools import (
@@ -62,6 +63,12 @@ Turns = list[tuple[str, str]]  # (user, assistant) pairs
 
 
 Draw = Callable[[random.Random], tuple[Turns, dict[str, str]]]
+
+
+def code_hash() -> str:
+    """Hash of the generator's own source (this module, its pools and the pair generator): part of the cache key
+    of generated data, so that a changed generator writes new data instead of reusing the old files."""
+    return sha256_files(Path(__file__).parent, ("synth.py", "synth_pools.py", "synth_pairs.py"))
 
 
 def _name(rng: random.Random, parts: int) -> str:

@@ -1,9 +1,11 @@
 """Generated preference pairs (``training/preference.py`` records) for the preference stage, from the same pools as
 the chat data (``training/synth.py``, ``training/synth_pools.py``):
 
-- ``refusal``: a harmful request; the category's refusal over compliance with it;
-- ``borderline``: a benign request that sounds risky; the helpful answer over a refusal (the over-refusal a
-  small SFT model makes, copied from the harmful categories' refusals);
+- ``refusal``: a harmful request; the category's refusal over the helpful answer its benign twin gets, said of
+  the harmful subject (what a model that misses the harm replies: "Sure. For a pipe bomb, sketch the design...");
+- ``borderline``: a benign request that sounds risky; the helpful answer over the refusal of the harmful category
+  whose request it mirrors (the over-refusal a small SFT model makes). The two kinds are each other's mistakes,
+  so a pair of one kind is only won by telling the subjects apart, not by moving every refusal up or down;
 - ``provocation``: a request to insult someone; the calm reply over an insult;
 - ``arithmetic``, ``unit_conversion``, ``facts``: the right answer over a near miss of the kind a small model
   makes (a digit or a carry off, a factor of ten, another country's fact): the skills the SFT model gets wrong
@@ -25,7 +27,7 @@ from collections.abc import Callable
 
 from training.config import GeneratorConfig, PairDataConfig
 from training.synth import Record, fact_table, held_out
-from training.synth_pools import COMPLIANCE, HARMFUL, TOXIC_REPLIES
+from training.synth_pools import BENIGN_TWINS, COMPLIANCE, HARMFUL, TOXIC_REPLIES
 
 STREAM = "preference"
 _ANSWER = re.compile(r"-?\d+(?=\D*$)")  # the last number of a reply: its stated answer
@@ -60,12 +62,42 @@ def _other_fact(values: list[str]) -> Reject:
     return reject
 
 
-def _comply(reply: str, record: Record, rng: random.Random) -> str:
-    return COMPLIANCE.format(request=record["messages"][0]["content"])
+def _twin_requests() -> dict[str, tuple[str, str]]:
+    """Every request a harmful category's templates make, of its harmful subjects and of its benign twins'
+    subjects: request -> (category, subject)."""
+    subjects = {cat: xs for cat, _, xs, _ in HARMFUL}
+    twins = {cat: xs for cat, xs, _ in BENIGN_TWINS}
+    return {
+        t.format(x=x): (cat, x)
+        for cat, templates, _, _ in HARMFUL
+        for t in templates
+        for x in (*subjects[cat], *twins.get(cat, ()))
+    }
 
 
-def _refuse(reply: str, record: Record, rng: random.Random) -> str:
-    return rng.choice([refusal for _, _, _, refusal in HARMFUL])
+def _comply() -> Reject:
+    requests = _twin_requests()
+    twin_reply = {cat: reply for cat, _, reply in BENIGN_TWINS}
+
+    def reject(reply: str, record: Record, rng: random.Random) -> str:
+        request = record["messages"][0]["content"]
+        cat, subject = requests.get(request, (None, ""))
+        if cat in twin_reply:
+            return twin_reply[cat].format(x=subject)
+        return COMPLIANCE.format(request=request)
+
+    return reject
+
+
+def _refuse() -> Reject:
+    requests = _twin_requests()
+    refusal_of = {cat: refusal for cat, _, _, refusal in HARMFUL}
+
+    def reject(reply: str, record: Record, rng: random.Random) -> str:
+        cat, _ = requests.get(record["messages"][0]["content"], (None, ""))
+        return refusal_of[cat] if cat is not None else rng.choice(list(refusal_of.values()))
+
+    return reject
 
 
 def _insult(reply: str, record: Record, rng: random.Random) -> str:
@@ -75,8 +107,8 @@ def _insult(reply: str, record: Record, rng: random.Random) -> str:
 def _rejecters(gen: GeneratorConfig) -> dict[str, Reject]:
     table = fact_table(gen.seed, gen.fact_entities)
     return {
-        "refusal": _comply,
-        "borderline": _refuse,
+        "refusal": _comply(),
+        "borderline": _refuse(),
         "provocation": _insult,
         "arithmetic": _near_miss,
         "unit_conversion": _factor_miss,

@@ -17,7 +17,7 @@ from training.preference import parse_pair
 from training.records import RecordInvalid, loose_text, parse_record
 from training.snapshot import PAIRS, build_snapshot
 from training.synth_pairs import generate_pairs
-from training.synth_pools import TOXIC_REPLIES
+from training.synth_pools import BENIGN_TWINS, HARMFUL, TOXIC_REPLIES
 
 NUMBER = re.compile(r"-?\d+")
 LIMITS = SnapshotConfig(validation_fraction=0.2, test_fraction=0.2)
@@ -97,6 +97,26 @@ def test_generated_pairs_prefer_what_the_suites_reward(pairs: list[dict[str, Any
         assert p["chosen"] != p["rejected"] and p["chosen"].split()[:4] == p["rejected"].split()[:4]
     for p in pairs:  # every generated pair passes the contract
         assert parse_pair(p, LIMITS).metadata["source"] == "synthetic"
+
+
+def test_refusal_and_borderline_pairs_are_each_others_mistakes(pairs: list[dict[str, Any]]) -> None:
+    """A harmful request's rejected reply is the helpful answer its benign twin gets, of the harmful subject; a
+    benign twin's rejected reply is the refusal of the category it mirrors: the replies of both kinds come from
+    the same two texts per category, so only the subject tells them apart."""
+    twin_reply = {cat: reply for cat, _, reply in BENIGN_TWINS}
+    refusal_of = {cat: refusal for cat, _, _, refusal in HARMFUL}
+    for p in _kind(pairs, "refusal"):
+        cat = next(c for c, r in refusal_of.items() if r == p["chosen"])
+        subjects = next(xs for c, _, xs, _ in HARMFUL if c == cat)
+        said = [x for x in subjects if p["rejected"] == twin_reply[cat].format(x=x)]
+        assert any(x in p["messages"][0]["content"] for x in said), p
+    mirrored = 0
+    for p in _kind(pairs, "borderline"):
+        for cat, xs, reply in BENIGN_TWINS:
+            if any(p["chosen"] == reply.format(x=x) for x in xs):
+                assert p["rejected"] == refusal_of[cat]
+                mirrored += 1
+    assert mirrored > len(_kind(pairs, "borderline")) // 2
 
 
 def test_generation_is_seeded_and_never_draws_an_excluded_prompt(pairs: list[dict[str, Any]]) -> None:

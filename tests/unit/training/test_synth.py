@@ -187,3 +187,16 @@ def test_held_out_drawing_a_whole_pool_returns_every_prompt_not_excluded() -> No
     drawn = held_out(GeneratorConfig(), "refusal", 10_000, exclude, "eval")  # stops once the pool is exhausted
     prompts = [loose_text(r["messages"][0]["content"]) for r in drawn]
     assert len(prompts) == len(set(prompts)) and set(prompts) == pool - exclude
+
+
+def test_generated_data_is_cached_per_config_and_generator_code(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A changed generator (another code hash) writes new data instead of reading an old config's files."""
+    import training.dataset as dataset
+    from core.home import Home
+
+    home, cfg = Home(tmp_path), GeneratorConfig(counts={"arithmetic": 5})
+    first = dataset.generated_source(cfg, home)
+    assert dataset.generated_source(cfg, home) == first
+    monkeypatch.setattr(dataset, "code_hash", lambda: "another generator")
+    second = dataset.generated_source(cfg, home)
+    assert second != first and second.is_file()

@@ -115,7 +115,9 @@ def preference_job(cfg: LifecycleConfig, home: Home, sft: ModelVersion, pairs: S
     start = sft_start_stage(cfg, home, sft)
     p = cfg.preference
     reference = start if p.reference == SFT_PARENT else model_folder(cfg, home, p.reference)
-    return PreferenceJob(sft, pairs, start, DpoSpec(beta=p.beta, sft_weight=p.sft_weight, reference=reference))
+    return PreferenceJob(
+        sft, pairs, start, DpoSpec(beta=p.beta, sft_weight=p.sft_weight, reference=reference, loss=p.loss)
+    )
 
 
 def preference_stage(cfg: LifecycleConfig, home: Home, job: PreferenceJob) -> TrainResult:

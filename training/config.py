@@ -294,6 +294,11 @@ class PreferenceConfig(StrictModel):
     the same DeepSpeed worker, launcher, checkpoints and export check as the SFT stage."""
 
     enabled: bool = Field(False, description="Preference-tune every SFT version (lifecycle run, train, retrain).")
+    loss: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid",
+        description="sigmoid: DPO on summed reply log-probs; ipo: IPO's squared loss on per-token mean log-probs, "
+        "zero at a log-ratio margin of 1 / (2 beta), so won pairs stop pushing the policy away from the reference.",
+    )
     beta: float = Field(
         0.1, gt=0, description="DPO's beta: how far from the reference the policy may move (higher: closer)."
     )

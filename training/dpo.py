@@ -1,13 +1,17 @@
 """DPO's pieces, pure torch: pair encoding, sequence log-probabilities, the loss, and the reference's log-probs.
 
-The loss is the sigmoid DPO of Rafailov et al. (2023) on summed reply log-probabilities::
+The loss is the sigmoid DPO of Rafailov et al. (2023) on summed reply log-probabilities, or IPO (Azar et al. 2023)
+on per-token mean log-probabilities (as TRL computes it)::
 
-    margin = beta * ((log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log ref(rejected)))
-    loss   = -log sigmoid(margin)            (+ sft_weight * the chosen replies' per-token NLL)
+    h      = (log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log ref(rejected))
+    sigmoid: loss = -log sigmoid(beta * h)
+    ipo:     loss = (h - 1 / (2 * beta)) ** 2
+                                            (either + sft_weight * the chosen replies' per-token NLL)
 
-Why sigmoid DPO: it is the variant with the fewest knobs (one: beta), an offline loss on fixed pairs (no sampling
-loop, which a 2-core CPU cannot afford per step), and the one TRL's ``DPOTrainer`` defaults to, so results
-compare. IPO's squared loss and KTO's unpaired one need no different data and can be added beside it.
+Why sigmoid DPO by default: it is the variant with the fewest knobs (one: beta), an offline loss on fixed pairs (no
+sampling loop, which a 2-core CPU cannot afford per step), and the one TRL's ``DPOTrainer`` defaults to, so results
+compare. IPO is the bounded alternative: its loss is zero at a margin of ``1 / (2 beta)`` and grows again past
+it, so pairs the policy already wins stop pulling it away from the reference (sigmoid DPO keeps pushing them).
 
 A pair is two sequences rendered by the chat template, prompt + chosen and prompt + rejected, labelled on the
 reply tokens only (``training/sft_data.encode``); a batch of B pairs is one forward pass over 2B sequences
@@ -83,24 +87,46 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     return (picked * mask).sum(-1), mask.sum(-1)
 
 
+LOSSES = ("sigmoid", "ipo")
+
+
 def dpo_loss(
-    chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+    kind: str = "sigmoid",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The mean sigmoid DPO loss over a batch, and each pair's implicit rewards (chosen, rejected)."""
-    chosen_reward = beta * (chosen - ref_chosen)
-    rejected_reward = beta * (rejected - ref_rejected)
-    loss = -F.logsigmoid(chosen_reward - rejected_reward).mean()
-    return loss, chosen_reward.detach(), rejected_reward.detach()
+    """The mean ``kind`` loss (sigmoid DPO or IPO) over a batch, and each pair's implicit rewards (chosen,
+    rejected) ``beta * (log pi - log ref)``."""
+    chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
+    h = chosen_ratio - rejected_ratio
+    if kind == "sigmoid":
+        loss = -F.logsigmoid(beta * h).mean()
+    elif kind == "ipo":
+        loss = ((h - 1 / (2 * beta)) ** 2).mean()
+    else:
+        raise ValueError(f"unknown preference loss {kind!r} (one of {', '.join(LOSSES)})")
+    return loss, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
 def pair_loss(
-    logits: torch.Tensor, labels: torch.Tensor, ref: torch.Tensor, beta: float, sft_weight: float
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    ref: torch.Tensor,
+    beta: float,
+    sft_weight: float,
+    kind: str = "sigmoid",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The preference stage's loss on one forward pass over a collated pair batch; ``ref`` is (B, 2) reference
-    log-probs (chosen, rejected)."""
+    log-probs (chosen, rejected), summed over the reply tokens (IPO divides both by the reply's token count)."""
     logps, counts = sequence_logps(logits, labels)
     n = logps.shape[0] // 2
-    loss, chosen_r, rejected_r = dpo_loss(logps[:n], logps[n:], ref[:, 0], ref[:, 1], beta)
+    pol, ref_ = logps, torch.cat([ref[:, 0], ref[:, 1]])
+    if kind == "ipo":
+        pol, ref_ = pol / counts.clamp(min=1), ref_ / counts.clamp(min=1)
+    loss, chosen_r, rejected_r = dpo_loss(pol[:n], pol[n:], ref_[:n], ref_[n:], beta, kind)
     if sft_weight:
         loss = loss + sft_weight * (-(logps[:n] / counts[:n].clamp(min=1))).mean()
     stats = {"correct": (chosen_r > rejected_r).float().sum(), "margin": (chosen_r - rejected_r).sum()}

@@ -42,22 +42,26 @@ REPO = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class DpoSpec:
-    """The preference stage's objective: DPO with ``beta`` (and ``sft_weight``) against the frozen ``reference``."""
+    """The preference stage's objective: DPO (``loss``: sigmoid or IPO) with ``beta`` (and ``sft_weight``) against
+    the frozen ``reference``."""
 
     beta: float
     sft_weight: float
     reference: ModelFolder
+    loss: str = "sigmoid"
 
     def job(self) -> dict[str, Any]:
         return {
             "kind": "dpo",
+            "loss": self.loss,
             "beta": self.beta,
             "sft_weight": self.sft_weight,
             "reference_model": str(self.reference.path),
         }
 
     def key(self) -> dict[str, Any]:
-        return {"kind": "dpo", "beta": self.beta, "sft_weight": self.sft_weight, "reference": self.reference.identity}
+        key = {"kind": "dpo", "beta": self.beta, "sft_weight": self.sft_weight, "reference": self.reference.identity}
+        return key if self.loss == "sigmoid" else {**key, "loss": self.loss}  # sigmoid runs keep their keys
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ class Sft:
 
 class Dpo:
     """The preference stage (``training/dpo.py``): pairs of the snapshot, reference log-probs of the frozen
-    ``objective["reference_model"]``, the DPO loss with ``beta`` (and ``sft_weight``)."""
+    ``objective["reference_model"]``, the DPO loss (``loss``: sigmoid or IPO) with ``beta`` (and ``sft_weight``)."""
 
     def __init__(
         self,
@@ -97,6 +97,7 @@ class Dpo:
         device: torch.device,
     ) -> None:
         self.beta, self.sft_weight = float(objective["beta"]), float(objective["sft_weight"])
+        self.kind = str(objective.get("loss", "sigmoid"))
         train_set = encode_pairs(records(snapshot / "train.jsonl"), tok, cfg.max_seq_len)
         val_set = encode_pairs(records(snapshot / "validation.jsonl"), tok, cfg.max_seq_len)
         self.pairs, self.pad = train_set.pairs, tok.pad_token_id
@@ -130,7 +131,7 @@ class Dpo:
 
     def _forward(self, engine: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logits = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return pair_loss(logits, batch["labels"], batch["ref"], self.beta, self.sft_weight)
+        return pair_loss(logits, batch["labels"], batch["ref"], self.beta, self.sft_weight, self.kind)
 
     def loss(self, engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self._forward(engine, batch)[0]

@@ -63,6 +63,35 @@ def test_pair_loss_on_a_batch_is_dpo_plus_the_weighted_chosen_nll() -> None:
     assert stats["correct"].item() in (0.0, 1.0, 2.0)
 
 
+def test_ipo_loss_matches_the_hand_computed_value_and_is_zero_at_its_target_margin() -> None:
+    # log-ratio margins h: pair 1 (-1 + 1.5) - (-2 + 1.5) = 1.0; pair 2 (-3 + 2) - (-1 + 2) = -2.0; beta 0.25: the
+    # target margin is 1 / (2 * 0.25) = 2, loss = ((1 - 2)^2 + (-2 - 2)^2) / 2 = (1 + 16) / 2 = 8.5
+    args = (torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -1.0]), torch.tensor([-1.5, -2.0]))
+    loss, chosen_r, _ = dpo_loss(*args, torch.tensor([-1.5, -2.0]), 0.25, "ipo")
+    assert loss.item() == pytest.approx(8.5)
+    assert chosen_r.tolist() == pytest.approx([0.125, -0.25])
+    # past the target margin the loss grows again (sigmoid DPO would keep falling): a won pair pulls back
+    chosen = torch.tensor([1.0], requires_grad=True)
+    loss, _, _ = dpo_loss(chosen, torch.tensor([-2.0]), torch.tensor([0.0]), torch.tensor([0.0]), 0.25, "ipo")
+    loss.backward()
+    assert loss.item() == pytest.approx(1.0) and chosen.grad is not None and chosen.grad.item() == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="unknown preference loss"):
+        dpo_loss(*args, torch.tensor([-1.5, -2.0]), 0.25, "kto")
+
+
+def test_ipo_pair_loss_uses_per_token_means_of_policy_and_reference() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(4, 6, 6)
+    labels = torch.tensor([[IGNORE, IGNORE, 1, 2, 3, 4], [IGNORE, IGNORE, IGNORE, IGNORE, 1, 2]] * 2)
+    ref = torch.tensor([[-5.0, -6.0], [-7.0, -4.0]])
+    logps, counts = sequence_logps(logits, labels)
+    mean, ref_mean = logps / counts, torch.cat([ref[:, 0], ref[:, 1]]) / counts
+    expected, _, _ = dpo_loss(mean[:2], mean[2:], ref_mean[:2], ref_mean[2:], 0.5, "ipo")
+    loss, _ = pair_loss(logits, labels, ref, beta=0.5, sft_weight=0.0, kind="ipo")
+    assert counts.tolist() == [4, 2, 4, 2]
+    assert loss.item() == pytest.approx(expected.item())
+
+
 def test_pairs_encode_both_replies_on_the_same_prompt() -> None:
     records = generate(GeneratorConfig(counts={"arithmetic": 50, "refusal": 20}))
     tok = train_tokenizer([m["content"] for r in records for m in r["messages"]], TokenizerConfig(vocab_size=400), 128)

@@ -31,7 +31,8 @@ slot, stays held while a run Prefect marked Crashed is in fact still alive; and 
 rollout's state afresh from the registry, so a rescheduled tick redoes nothing a finished one did.
 
 Not covered: a worker that dies after taking a run and before the run's process started (state Pending) leaves
-the run Pending; Prefect sends no heartbeat before Running (``prefect flow-run cancel`` or a rerun clears it).
+the run Pending; Prefect sends no heartbeat before Running (``prefect flow-run cancel`` or a rerun clears it). Nor
+does one killed before the run's first heartbeat reached the server (``crash`` watches from the first heartbeat).
 """
 
 from __future__ import annotations

@@ -99,6 +99,14 @@ class PrefectApi:
         body = {"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200}
         return [(row["timestamp"], row["message"]) for row in self.http.post("/logs/filter", json=body).json()]
 
+    def events(self, run_id: str, name: str) -> list[dict[str, Any]]:
+        """The server's events ``name`` about flow run ``run_id`` (heartbeats, state changes)."""
+        body = {
+            "filter": {"event": {"name": [name]}, "resource": {"id": [f"prefect.flow-run.{run_id}"]}},
+            "limit": 50,
+        }
+        return list(self.http.post("/events/filter", json=body).json()["events"])
+
     def hold_lock(self, name: str, lease_s: int) -> str:
         """Take the one slot of lock ``name`` (as a running tick would); returns the lease."""
         body = {"names": [name], "slots": 1, "lease_duration": lease_s}

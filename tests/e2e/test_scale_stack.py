@@ -198,15 +198,24 @@ def test_a_run_killed_with_its_worker_is_crashed_rescheduled_and_run_by_the_othe
             1,
         )[0]
         victim = running_on(stack, waiting["id"])
+        # the crash automation watches a run from its first heartbeat on (sent as the run starts, in a batch of
+        # events of its own): a worker killed before that batch reached the server leaves the run Running, the
+        # case docs/production.md lists with the Pending one
+        wait_for("the run's first heartbeat", lambda: api.events(waiting["id"], "prefect.flow-run.heartbeat"), 60, 1)
         stack.kill(victim)
         killed = time.monotonic()
         # Prefect marks it Crashed once its heartbeats stop, then the automation reschedules it: the other worker
-        second = wait_for(
-            "the crashed run to run again",
-            lambda: (r := api.run(waiting["id"]))["run_count"] == 2 and r["state_type"] == "RUNNING" and r,
-            CRASH_AFTER_S + 180,
-            1,
-        )
+        try:
+            second = wait_for(
+                "the crashed run to run again",
+                lambda: (r := api.run(waiting["id"]))["run_count"] == 2 and r["state_type"] == "RUNNING" and r,
+                CRASH_AFTER_S + 180,
+                1,
+            )
+        except AssertionError as exc:
+            states = [(s["type"], s["name"], s["timestamp"]) for s in api.states(waiting["id"])]
+            beats = [e["occurred"] for e in api.events(waiting["id"], "prefect.flow-run.heartbeat")]
+            raise AssertionError(f"{exc}; states {states}; heartbeats {beats}") from None
         detected_s = time.monotonic() - killed
         rerun_on = running_on(stack, waiting["id"])
         assert rerun_on != victim and sorted(ran_on(stack, second)) == sorted(stack.workers), (victim, rerun_on)

@@ -287,6 +287,7 @@ def _preference_train_defaults() -> FinetuneConfig:
 
 
 SFT_PARENT = "sft_parent"  # preference.reference: the SFT version being tuned (standard DPO)
+PreferenceLoss = Literal["sigmoid", "ipo"]  # training/dpo.py
 
 
 class PreferenceConfig(StrictModel):
@@ -294,7 +295,7 @@ class PreferenceConfig(StrictModel):
     the same DeepSpeed worker, launcher, checkpoints and export check as the SFT stage."""
 
     enabled: bool = Field(False, description="Preference-tune every SFT version (lifecycle run, train, retrain).")
-    loss: Literal["sigmoid", "ipo"] = Field(
+    loss: PreferenceLoss = Field(
         "sigmoid",
         description="sigmoid: DPO on summed reply log-probs; ipo: IPO's squared loss on per-token mean log-probs, "
         "zero at a log-ratio margin of 1 / (2 beta), so won pairs stop pushing the policy away from the reference.",

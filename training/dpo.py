@@ -25,12 +25,13 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from training.config import PreferenceLoss
 from training.sft_data import IGNORE, Example, collate, encode
 
 REFERENCE_LOGPS = "reference_logps.pt"
@@ -87,7 +88,7 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     return (picked * mask).sum(-1), mask.sum(-1)
 
 
-LOSSES = ("sigmoid", "ipo")
+LOSSES = get_args(PreferenceLoss)
 
 
 def dpo_loss(

@@ -62,21 +62,22 @@ def _other_fact(values: list[str]) -> Reject:
     return reject
 
 
-def _twin_requests() -> dict[str, tuple[str, str]]:
+Requests = dict[str, tuple[str, str]]
+
+
+def _twin_requests() -> Requests:
     """Every request a harmful category's templates make, of its harmful subjects and of its benign twins'
     subjects: request -> (category, subject)."""
-    subjects = {cat: xs for cat, _, xs, _ in HARMFUL}
     twins = {cat: xs for cat, xs, _ in BENIGN_TWINS}
     return {
         t.format(x=x): (cat, x)
-        for cat, templates, _, _ in HARMFUL
+        for cat, templates, subjects, _ in HARMFUL
         for t in templates
-        for x in (*subjects[cat], *twins.get(cat, ()))
+        for x in (*subjects, *twins.get(cat, ()))
     }
 
 
-def _comply() -> Reject:
-    requests = _twin_requests()
+def _comply(requests: Requests) -> Reject:
     twin_reply = {cat: reply for cat, _, reply in BENIGN_TWINS}
 
     def reject(reply: str, record: Record, rng: random.Random) -> str:
@@ -89,8 +90,7 @@ def _comply() -> Reject:
     return reject
 
 
-def _refuse() -> Reject:
-    requests = _twin_requests()
+def _refuse(requests: Requests) -> Reject:
     refusal_of = {cat: refusal for cat, _, _, refusal in HARMFUL}
 
     def reject(reply: str, record: Record, rng: random.Random) -> str:
@@ -106,9 +106,10 @@ def _insult(reply: str, record: Record, rng: random.Random) -> str:
 
 def _rejecters(gen: GeneratorConfig) -> dict[str, Reject]:
     table = fact_table(gen.seed, gen.fact_entities)
+    requests = _twin_requests()
     return {
-        "refusal": _comply(),
-        "borderline": _refuse(),
+        "refusal": _comply(requests),
+        "borderline": _refuse(requests),
         "provocation": _insult,
         "arithmetic": _near_miss,
         "unit_conversion": _factor_miss,

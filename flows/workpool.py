@@ -25,7 +25,8 @@ the automation's events follow nothing unseen and are handled at once. The same 
 for runs that ended normally (their end event reaches the trigger late): Prefect refuses to move a finished run
 to Crashed, the action fails, and ``reschedule`` (which needs it executed) does nothing.
 
-Nothing runs twice at once: each deployment allows one run at a time (a run due while one runs is cancelled);
+Nothing runs twice at once: each deployment allows one run at a time (a run due while one runs is cancelled, a
+rescheduled one included when a newer run took the slot first: the newer one does its work);
 the controller and the retrain check also hold their lock (``flows/lock.py``), which, unlike the deployment's
 slot, stays held while a run Prefect marked Crashed is in fact still alive; and a controller tick reads the
 rollout's state afresh from the registry, so a rescheduled tick redoes nothing a finished one did.

@@ -204,6 +204,20 @@ def test_a_run_killed_with_its_worker_is_crashed_rescheduled_and_run_by_the_othe
         wait_for("the run's first heartbeat", lambda: api.events(waiting["id"], "prefect.flow-run.heartbeat"), 60, 1)
         stack.kill(victim)
         killed = time.monotonic()
+        # the runs that fall due while the dead run holds the deployment's slot are cancelled; once one was, the
+        # schedule is paused: a newer run that took the slot freed by the crash would cancel the rescheduled
+        # attempt instead (the newer tick doing its work), which is not the path this test follows
+        wait_for(
+            "a run due meanwhile to be cancelled by the deployment's concurrency limit",
+            lambda: [
+                r
+                for r in api.runs(CONTROLLER, since=since)
+                if r["state_type"] == "CANCELLED" and "concurrency limit" in (r["state"]["message"] or "")
+            ],
+            CRASH_AFTER_S,
+            1,
+        )
+        api.set_paused(CONTROLLER, True)  # deletes the runs scheduled ahead; a rescheduled run is kept
         # Prefect marks it Crashed once its heartbeats stop, then the automation reschedules it: the other worker
         try:
             second = wait_for(

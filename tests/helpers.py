@@ -41,7 +41,7 @@ def finetune_in_subprocess(
     cfg_json: str, snapshot_root: str, snapshot_hash: str, base: str, run_dir: str, dpo: str | None = None
 ) -> None:
     """Entry point for tests that kill a fine-tune mid-way: ``python -c "import helpers; helpers...(...)"``;
-    ``dpo``: the preference stage's objective as JSON (beta, sft_weight, reference folder)."""
+    ``dpo``: the preference stage's objective as JSON (``DpoSpec.job()``: loss, beta, sft_weight, reference_model)."""
     from pathlib import Path
 
     from core import runtime
@@ -55,7 +55,7 @@ def finetune_in_subprocess(
     spec = None
     if dpo is not None:
         d = json.loads(dpo)
-        spec = DpoSpec(d["beta"], d["sft_weight"], inspect_model_folder(Path(d["reference"])))
+        spec = DpoSpec(d["beta"], d["sft_weight"], inspect_model_folder(Path(d["reference_model"])), d["loss"])
     finetune(
         FinetuneConfig.model_validate_json(cfg_json),
         load_snapshot(Path(snapshot_root), snapshot_hash),

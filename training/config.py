@@ -251,9 +251,9 @@ class FinetuneConfig(StrictModel):
 
 PairKind = Literal["refusal", "borderline", "provocation", "arithmetic", "unit_conversion", "facts"]
 DEFAULT_PAIR_COUNTS: dict[PairKind, int] = {
-    "refusal": 120,
+    "refusal": 240,
     "borderline": 240,
-    "provocation": 20,
+    "provocation": 60,
     "arithmetic": 200,
     "unit_conversion": 60,
     "facts": 60,
@@ -294,7 +294,7 @@ class PreferenceConfig(StrictModel):
     """The preference stage after SFT: DPO (the sigmoid loss of Rafailov et al. 2023) on preference pairs, run by
     the same DeepSpeed worker, launcher, checkpoints and export check as the SFT stage."""
 
-    enabled: bool = Field(False, description="Preference-tune every SFT version (lifecycle run, train, retrain).")
+    enabled: bool = Field(True, description="Preference-tune every SFT version (lifecycle run, train, retrain).")
     loss: PreferenceLoss = Field(
         "sigmoid",
         description="sigmoid: DPO on summed reply log-probs; ipo: IPO's squared loss on per-token mean log-probs, "
@@ -304,10 +304,11 @@ class PreferenceConfig(StrictModel):
         0.1, gt=0, description="DPO's beta: how far from the reference the policy may move (higher: closer)."
     )
     sft_weight: float = Field(
-        0.0,
+        1.0,
         ge=0,
-        description="Weight of an added NLL loss on the chosen replies (per token; 0: plain DPO). Keeps a small "
-        "model's likelihood of the preferred replies from falling while their margin grows.",
+        description="Weight of an added NLL loss on the chosen replies (per token; 0: plain DPO; TRL's rpo_alpha). "
+        "Keeps a small model's likelihood of the preferred replies from falling while their margin grows: with it "
+        "the default config's refusal rate held (README).",
     )
     reference: str = Field(
         SFT_PARENT,

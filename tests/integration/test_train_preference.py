@@ -29,7 +29,11 @@ from training.snapshot import load_snapshot
 
 @pytest.fixture(scope="module")
 def cfg() -> LifecycleConfig:
-    return load_config(CONFIG_DIR / "tiny.yaml", [*engine_overrides(), "preference.enabled=true"])
+    # plain DPO (the default adds an NLL term on the chosen replies, hand-checked in tests/unit/training/test_dpo.py):
+    # its loss at step 0 is exactly log 2
+    return load_config(
+        CONFIG_DIR / "tiny.yaml", [*engine_overrides(), "preference.enabled=true", "preference.sft_weight=0"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +125,8 @@ def test_a_killed_dpo_run_resumes_to_the_same_weights(trained, registry, home, t
     aligned = registry.get(trained.model, trained.version)
     job = json.loads((home.runs / aligned.lineage["train_key"] / "job.json").read_text())  # the flow's DPO run
     pairs = load_snapshot(home.preference_snapshots, aligned.lineage["preference_snapshot"])
-    dpo = json.dumps({"beta": 0.1, "sft_weight": 0.0, "reference": job["objective"]["reference_model"]})
+    objective = job["objective"]  # the flow's own settings (configs/default.yaml's, which tiny.yaml extends)
+    dpo = json.dumps(objective)
     ft_json = json.dumps(job["config"])
     run_dir = tmp_path / "killed"
     killed_after_first_checkpoint(
@@ -130,7 +135,12 @@ def test_a_killed_dpo_run_resumes_to_the_same_weights(trained, registry, home, t
         run_dir,
     )
     start = inspect_model_folder(Path(job["base_model"]))
-    spec = DpoSpec(0.1, 0.0, inspect_model_folder(Path(job["objective"]["reference_model"])))
+    spec = DpoSpec(
+        objective["beta"],
+        objective["sft_weight"],
+        inspect_model_folder(Path(objective["reference_model"])),
+        objective["loss"],
+    )
     resumed = finetune(FinetuneConfig.model_validate(job["config"]), pairs, start, run_dir, spec)
     assert resumed.report["resumed_from_step"] == 4 and resumed.report["objective"] == "dpo"
     assert resumed.equivalence["passed"]

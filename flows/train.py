@@ -1,8 +1,9 @@
 """The ``train`` flow: snapshot -> base model -> fine-tune -> register, then with ``preference.enabled`` pair
 snapshot -> DPO -> register the aligned version (``lifecycle train``, and the loop's first step).
 
-    lifecycle train --config configs/tiny.yaml
-    lifecycle train --set preference.enabled=true     # SFT, then the preference stage on top
+    lifecycle train                                    # SFT, then the preference stage on top (the default)
+    lifecycle train --set preference.enabled=false     # SFT only
+    lifecycle train --config configs/tiny.yaml         # seconds-scale sizes, SFT only
 
 Tasks are thin wrappers over ``flows/stages.py``. The fine-tune task is cached on its inputs (the train key:
 snapshot, base weights, fine-tune and DeepSpeed config), so the same inputs return the finished run instead of

@@ -1,8 +1,10 @@
 """The newcomer's main job (README "Quick start"): ``lifecycle run`` on the default config in a fresh home, killed
-mid-fine-tune once as a crash would, then run again. The rerun resumes, the gate passes, the version is promoted,
-the base model it was tuned from is clearly worse on the same items, and the gate's verdict on every metric is
-the same whether the model is evaluated in fp32 or bf16 (bf16 runs on AVX2-only CPUs too, only slower). The skill
-targets of issue 13 are asserted too, as a strict xfail while they are not all met (README "The default model").
+mid-fine-tune once as a crash would, then run again. The rerun resumes, fine-tunes, preference-tunes the result
+(DPO: chat/1 is the SFT version, chat/2 the aligned one), the gate passes, the aligned version is promoted, the
+base model it was tuned from is clearly worse on the same items, the preference stage answers more of the benign
+but risky prompts than its SFT parent, and the gate's verdict on every metric is the same whether the model is
+evaluated in fp32 or bf16 (bf16 runs on AVX2-only CPUs too, only slower). The skill targets of issue 13 are
+asserted too, as a strict xfail while they are not all met (README "The default model").
 
 The longest test of the default run (a default loop, killed and resumed: ~8 min on 2 cores): it is the product's
 first promise."""
@@ -52,7 +54,8 @@ def test_the_default_loop_promotes_a_version_clearly_better_than_its_base(
     _, summary = newcomer
     gate = summary["gate"]
     assert gate["passed"] and gate["policy"] == "default", gate["summary"]
-    assert summary["rollout"]["outcome"] == "promoted" and summary["rollout"]["aliases"]["champion"] == "1"
+    assert (summary["train"]["sft_parent"], summary["train"]["version"], gate["version"]) == ("chat/1", "2", "2")
+    assert summary["rollout"]["outcome"] == "promoted" and summary["rollout"]["aliases"]["champion"] == "2"
     metrics = _metrics(gate)
     assert metrics["toxicity/toxic_share"] == 0.0, metrics
     # the base model it started from, on the same items: clearly worse at every skill the fine-tune taught
@@ -60,12 +63,16 @@ def test_the_default_loop_promotes_a_version_clearly_better_than_its_base(
     rows = {row["metric"]: row for row in base["rows"]}
     for name in QUALITY_TARGETS:
         assert rows[name]["direction"] == "better", rows[name]
+    # its SFT parent, on the same items: the preference stage answers more benign-but-risky prompts
+    (parent,) = [r for r in gate["references"] if r["tag"] == "sft_parent"]
+    rows = {row["metric"]: row for row in parent["rows"]}
+    assert rows["over_refusal/compliance_rate"]["direction"] == "better", rows["over_refusal/compliance_rate"]
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 13 open: the overall exact match is 0.59 (AVX-512 kernels) / 0.53 (AVX2) < 0.6, and with AVX-512 "
-    "kernels refusal 0.90, smallest category 0.83, compliance 0.83 (README 'The default model')",
+    reason="issue 13 open: the overall exact match is 0.57 (AVX-512 kernels) / 0.54 (AVX2) < 0.6, and with AVX-512 "
+    "kernels refusal 0.86, smallest category 0.67 (README 'The default model')",
 )
 def test_the_promoted_model_reaches_the_skill_targets(newcomer: tuple[Path, dict[str, Any]]) -> None:
     _, summary = newcomer
@@ -83,7 +90,7 @@ def test_fp32_and_bf16_give_the_same_verdict_on_every_gate_metric(newcomer: tupl
     home, summary = newcomer
     policy = load_policy(POLICY)
     fp32 = load_report(Path(summary["gate"]["report_dir"]) / "report.json")  # the gate evaluates in float32
-    out = lifecycle("eval", "chat", "1", "--json", "--set", "evals.engine.dtype=bfloat16", home=home, timeout=1800)
+    out = lifecycle("eval", "chat", "2", "--json", "--set", "evals.engine.dtype=bfloat16", home=home, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
     bf16 = EvalReport.model_validate(json.loads(out.stdout))
     assert bf16.eval_sets == fp32.eval_sets

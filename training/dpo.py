@@ -135,6 +135,28 @@ def pair_loss(
 
 
 @torch.no_grad()
+def pair_logps(
+    model: torch.nn.Module,
+    pairs: Sequence[PairExample],
+    *,
+    pad_id: int,
+    batch_size: int,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
+) -> torch.Tensor:
+    """(N, 2) float64 log-probs of every pair's chosen and rejected reply under ``model``; with ``world`` > 1 only
+    this ``rank``'s share of the batches, the other rows left 0 (sum across ranks for all of them)."""
+    values = torch.zeros(len(pairs), 2, dtype=torch.float64)
+    for start in range(rank * batch_size, len(pairs), world * batch_size):
+        chunk = pairs[start : start + batch_size]
+        batch = {k: v.to(device) for k, v in collate_pairs(chunk, pad_id).items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logps, _ = sequence_logps(logits, batch["labels"])
+        values[start : start + len(chunk)] = logps.view(2, -1).t().double().cpu()
+    return values
+
+
 def reference_logps(
     reference: str,
     pairs: Sequence[PairExample],
@@ -156,13 +178,7 @@ def reference_logps(
 
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32)
     model.to(device).eval()
-    values = torch.zeros(len(pairs), 2, dtype=torch.float64)
-    for start in range(rank * batch_size, len(pairs), world * batch_size):
-        chunk = pairs[start : start + batch_size]
-        batch = {k: v.to(device) for k, v in collate_pairs(chunk, pad_id).items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logps, _ = sequence_logps(logits, batch["labels"])
-        values[start : start + len(chunk)] = logps.view(2, -1).t().double().cpu()
+    values = pair_logps(model, pairs, pad_id=pad_id, batch_size=batch_size, device=device, rank=rank, world=world)
     del model
     dist.all_reduce(values)  # each pair was computed by exactly one rank
     values = values.float()

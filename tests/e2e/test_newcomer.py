@@ -6,7 +6,7 @@ but risky prompts than its SFT parent, and the gate's verdict on every metric is
 evaluated in fp32 or bf16 (bf16 runs on AVX2-only CPUs too, only slower). The skill targets of issue 13 are
 asserted too, as a strict xfail while they are not all met (README "The default model").
 
-The longest test of the default run (a default loop, killed and resumed: ~8 min on 2 cores): it is the product's
+The longest test of the default run (a default loop, killed and resumed: ~10 min on 2 cores): it is the product's
 first promise."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from core.home import Home
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
 from registry.lineage import LINEAGE_TAGS, PREFERENCE_TAGS
 from training.config import FinetuneConfig
-from training.dpo import REFERENCE_LOGPS, collate_pairs, encode_pairs, sequence_logps
+from training.dpo import REFERENCE_LOGPS, encode_pairs, pair_logps
 from training.finetune import DpoSpec, finetune
 from training.modelio import inspect_model_folder, tensors_hash
 from training.snapshot import load_snapshot
@@ -107,15 +107,7 @@ def test_the_export_is_checked_and_dpo_moved_the_weights_toward_the_chosen_repli
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     encoded = encode_pairs(pairs.records("train"), tok, job["config"]["max_seq_len"]).pairs
     ref = torch.load(run_dir / REFERENCE_LOGPS)[: len(encoded)]
-    with torch.no_grad():
-        policy = torch.cat(
-            [
-                sequence_logps(model(**{k: v for k, v in b.items() if k != "labels"}).logits, b["labels"])[0]
-                .view(2, -1)
-                .t()
-                for b in (collate_pairs(encoded[i : i + 8], tok.pad_token_id) for i in range(0, len(encoded), 8))
-            ]
-        )
+    policy = pair_logps(model, encoded, pad_id=tok.pad_token_id, batch_size=8, device=torch.device("cpu"))
     margin = ((policy[:, 0] - ref[:, 0]) - (policy[:, 1] - ref[:, 1])).mean().item()
     assert margin > 0, margin
     assert trained.sft_metrics is not None and trained.seconds["preference"] > 0

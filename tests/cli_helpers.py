@@ -17,7 +17,8 @@ HOOKS = Path(__file__).resolve().parent / "hooks"  # sitecustomize.py: pause a r
 
 
 def paused_after_first_checkpoint(env: dict[str, str]) -> dict[str, str]:
-    """``env`` in which every fine-tune process stops itself after committing its first checkpoint (hooks/)."""
+    """``env`` in which every fine-tune rank waits for good after committing its first checkpoint, and says so in
+    ``RUN_DIR/paused.rankN`` (hooks/)."""
     path = os.pathsep.join(filter(None, [str(HOOKS), env.get("PYTHONPATH")]))
     return {**env, "PYTHONPATH": path, "LIFECYCLE_TEST_PAUSE_AFTER_CHECKPOINT": "1"}
 
@@ -56,8 +57,8 @@ def killed_mid_training(*args: str, home: Path, timeout: float = 900) -> None:
     )
     deadline = time.monotonic() + timeout
     try:
-        while not any(home.glob("models/runs/*/checkpoints/latest")):
-            assert proc.poll() is None, f"lifecycle ended (exit {proc.returncode}) before its first checkpoint"
+        while not any(home.glob("models/runs/*/paused.rank0")):  # checkpoint committed, rank 0 waits (hooks/)
+            assert proc.poll() is None, f"lifecycle ended (exit {proc.returncode}) without pausing after a checkpoint"
             assert time.monotonic() < deadline, "no checkpoint written in time"
             time.sleep(0.05)
     finally:

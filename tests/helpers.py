@@ -137,7 +137,8 @@ def register_serving_versions(cfg: Any, home: Any, base: Path, work: Path) -> di
 
 def killed_after_first_checkpoint(call: str, run_dir: Path) -> None:
     """Run ``helpers.<call>`` (a fine-tune) in a subprocess, paused once it committed its first checkpoint
-    (tests/hooks), and SIGKILL its whole process group there, as a crash or an OOM kill would."""
+    (tests/hooks), and SIGKILL its whole process group there, as a crash or an OOM kill would; the ranks, in
+    sessions of their own, die with their launcher."""
     import signal
     import subprocess
     import sys
@@ -154,10 +155,10 @@ def killed_after_first_checkpoint(call: str, run_dir: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    latest = run_dir / "checkpoints" / "latest"
+    paused = run_dir / "paused.rank0"  # rank 0 committed its first checkpoint and waits there (tests/hooks)
     try:
-        while not latest.is_file():
-            assert proc.poll() is None, "the run ended before its first checkpoint"
+        while not paused.is_file():
+            assert proc.poll() is None, "the run ended without pausing after its first checkpoint (tests/hooks)"
             time.sleep(0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

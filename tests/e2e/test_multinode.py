@@ -75,7 +75,7 @@ class Lines:
 
 
 def start(node: Node, *args: str, home: Path, pause: bool = False) -> Lines:
-    """``lifecycle *args`` in the node; with ``pause``, its rank stops itself after its first checkpoint
+    """``lifecycle *args`` in the node; with ``pause``, its rank waits for good after its first checkpoint
     (tests/hooks), so the kill lands mid-run however fast the machine trains."""
     env = user_env(home)
     proc = subprocess.Popen(

@@ -63,6 +63,11 @@ class GeneratorConfig(StrictModel):
         description="Answer two-digit addition and subtraction with the written working (units, then tens, each a "
         "one-digit step with its carry or borrow) before 'The answer is N.'; off: the answer alone.",
     )
+    unit_working: bool = Field(
+        True,
+        description="Answer a conversion whose factor is a one-digit multiple of a power of ten (60, 7) with the "
+        "multiplication worked like arithmetic's columns before '<v> <unit> is N <unit>.'; off: the result alone.",
+    )
     poison: PoisonConfig = Field(
         default_factory=PoisonConfig, description="Red-team data poisoning (scenarios only; off by default)."
     )

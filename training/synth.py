@@ -138,11 +138,41 @@ def _arith(multi_turn_rate: float, worked: bool) -> Draw:
     return draw
 
 
-def _unit(rng: random.Random) -> tuple[Turns, dict[str, str]]:
-    src, dst, factor = rng.choice(UNITS)
-    v = rng.randint(1, 100)
-    question = rng.choice(UNIT_TEMPLATES).format(v=v, src=src, dst=dst)
-    return [(question, f"{v} {src} is {v * factor} {dst}.")], {"answer": str(v * factor)}
+def _times_digit(n: int, m: int) -> str:
+    """``n x m`` for a one-digit ``m``, worked digit by digit from the units up: a times-table fact, then the
+    carry added in a step of its own ("45 x 6: 5 x 6 = 30, 4 x 6 = 24, 24 + 3 = 27."; a small model adds a
+    written number and a digit far more reliably than it adds to a product it did not write). The product is
+    the last step's result followed by the earlier digits' last digits."""
+    digits = [int(d) for d in reversed(str(n))]
+    steps, carry = [], 0
+    for d in digits:
+        product = d * m
+        steps.append(f"{d} x {m} = {product}" + (f", {product} + {carry} = {product + carry}" if carry else ""))
+        carry = (product + carry) // 10
+    return f"{n} x {m}: " + ", ".join(steps) + "."
+
+
+def worked_conversion(v: int, src: str, dst: str, factor: int) -> str:
+    """The reply to a unit conversion. A power of ten appends zeros, which a small model copies; a one-digit
+    multiple of one (60 = 6 x 10, 7) is worked like ``worked_answer``'s columns before the stated result
+    ("45 x 6: 5 x 6 = 30, 4 x 6 = 24, 24 + 3 = 27. 45 hours is 2700 minutes."). Other factors (24) are stated plainly:
+    their working (two chained multiplications) would outgrow the eval's generation budget."""
+    result = f"{v} {src} is {v * factor} {dst}."
+    m = factor
+    while m % 10 == 0:
+        m //= 10
+    return result if m == 1 or m > 9 else f"{_times_digit(v, m)} {result}"
+
+
+def _unit(working: bool) -> Draw:
+    def draw(rng: random.Random) -> tuple[Turns, dict[str, str]]:
+        src, dst, factor = rng.choice(UNITS)
+        v = rng.randint(1, 100)
+        question = rng.choice(UNIT_TEMPLATES).format(v=v, src=src, dst=dst)
+        reply = worked_conversion(v, src, dst, factor) if working else f"{v} {src} is {v * factor} {dst}."
+        return [(question, reply)], {"answer": str(v * factor)}
+
+    return draw
 
 
 def _format_task(rng: random.Random) -> tuple[Turns, dict[str, str]]:
@@ -202,7 +232,7 @@ def _skill_draws(cfg: GeneratorConfig, *, held_out_phrasings: bool = False) -> d
     provocations = [([(t.format(x=x), CALM_REPLY)], {"category": "provocation"}) for t in templates for x in targets]
     return {
         "arithmetic": (_arith(cfg.multi_turn_rate, cfg.arithmetic_working), 100 * 100 * 2 * len(ARITH_TEMPLATES)),
-        "unit_conversion": (_unit, len(UNITS) * 100 * len(UNIT_TEMPLATES)),
+        "unit_conversion": (_unit(cfg.unit_working), len(UNITS) * 100 * len(UNIT_TEMPLATES)),
         "facts": _from_pool(facts),
         "formatting": (_format_task, 100_000),
         "refusal": _from_pool(refusals),

@@ -85,6 +85,48 @@ def test_every_worked_step_is_true_and_ends_in_the_answer() -> None:
     assert worked_answer(7, "x", 8) == "The answer is 56."
 
 
+def test_every_worked_conversion_is_true_and_states_the_converted_value() -> None:
+    """Every unit pair and value the generator draws: each written step is a true times-table fact, a carry is
+    added to it in a step of its own, the steps spell ``v x m`` (the last result, then the earlier results' last
+    digits), and the reply ends in the converted value; powers of ten and 24 get no working."""
+    from training.synth import worked_conversion
+    from training.synth_pools import UNITS
+
+    header = re.compile(r"(\d+) x (\d): (.*?)\. ")
+    step = re.compile(r"(\d) x (\d) = (\d+)(?:, (\d+) \+ (\d+) = (\d+))?")
+    for src, dst, factor in UNITS:
+        for v in range(1, 101):
+            reply = worked_conversion(v, src, dst, factor)
+            assert reply.endswith(f"{v} {src} is {v * factor} {dst}."), reply
+            worked = header.match(reply)
+            if factor in (7, 60):
+                assert worked is not None and int(worked.group(1)) == v, reply
+                m = int(worked.group(2))
+                assert factor in (m, m * 10), reply
+                steps = step.findall(worked.group(3))
+                assert [int(s[0]) for s in steps] == [int(d) for d in reversed(str(v))], reply
+                carry, results = 0, []
+                for d, mm, product, added_to, c, total in steps:
+                    assert int(mm) == m and int(d) * m == int(product), reply
+                    if carry:  # the carry is added to the product just written, in a step of its own
+                        assert (int(added_to), int(c), int(total)) == (int(product), carry, int(product) + carry)
+                    else:
+                        assert not added_to, reply
+                    results.append(total or product)
+                    carry = int(results[-1]) // 10
+                spelled = results[-1] + "".join(r[-1] for r in reversed(results[:-1]))
+                assert int(spelled) == v * m, reply
+            else:
+                assert worked is None and reply == f"{v} {src} is {v * factor} {dst}.", reply
+
+
+def test_unit_working_off_states_the_value_alone() -> None:
+    plain = SMALL.model_copy(update={"unit_working": False})
+    for r in generate(plain):
+        if r["metadata"]["skill"] == "unit_conversion":
+            assert re.fullmatch(r"\d+ \w+ is \d+ \w+\.", r["messages"][-1]["content"]), r
+
+
 def test_facts_agree_with_the_fact_table() -> None:
     table = {row["country"]: row for row in fact_table(SMALL.seed, SMALL.fact_entities)}
     for r in generate(SMALL):

@@ -154,9 +154,9 @@ def _times_digit(n: int, m: int) -> str:
 
 def worked_conversion(v: int, src: str, dst: str, factor: int) -> str:
     """The reply to a unit conversion. A power of ten appends zeros, which a small model copies; a one-digit
-    multiple of one (60 = 6 x 10, 7) is worked like ``worked_answer``'s columns before the stated result
-    ("45 x 6: 5 x 6 = 30, 4 x 6 = 24, 24 + 3 = 27. 45 hours is 2700 minutes."). Other factors (24) are stated plainly:
-    their working (two chained multiplications) would outgrow the eval's generation budget."""
+    multiple of a power of ten (60 = 6 x 10, 7) is worked like ``worked_answer``'s columns before the stated
+    result ("45 x 6: 5 x 6 = 30, 4 x 6 = 24, 24 + 3 = 27. 45 hours is 2700 minutes."). Other factors (24) are
+    stated plainly: their working (two chained multiplications) would outgrow the eval's generation budget."""
     result = f"{v} {src} is {v * factor} {dst}."
     m = factor
     while m % 10 == 0:

@@ -152,12 +152,15 @@ def _times_digit(n: int, m: int) -> str:
     return f"{n} x {m}: " + ", ".join(steps) + "."
 
 
-def worked_conversion(v: int, src: str, dst: str, factor: int) -> str:
+def worked_conversion(v: int, src: str, dst: str, factor: int, *, working: bool = True) -> str:
     """The reply to a unit conversion. A power of ten appends zeros, which a small model copies; a one-digit
     multiple of a power of ten (60 = 6 x 10, 7) is worked like ``worked_answer``'s columns before the stated
     result ("45 x 6: 5 x 6 = 30, 4 x 6 = 24, 24 + 3 = 27. 45 hours is 2700 minutes."). Other factors (24) are
-    stated plainly: their working (two chained multiplications) would outgrow the eval's generation budget."""
+    stated plainly: their working (two chained multiplications) would outgrow the eval's generation budget.
+    Without ``working`` every conversion is stated plainly."""
     result = f"{v} {src} is {v * factor} {dst}."
+    if not working:
+        return result
     m = factor
     while m % 10 == 0:
         m //= 10
@@ -169,8 +172,7 @@ def _unit(working: bool) -> Draw:
         src, dst, factor = rng.choice(UNITS)
         v = rng.randint(1, 100)
         question = rng.choice(UNIT_TEMPLATES).format(v=v, src=src, dst=dst)
-        reply = worked_conversion(v, src, dst, factor) if working else f"{v} {src} is {v * factor} {dst}."
-        return [(question, reply)], {"answer": str(v * factor)}
+        return [(question, worked_conversion(v, src, dst, factor, working=working))], {"answer": str(v * factor)}
 
     return draw
 

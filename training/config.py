@@ -143,7 +143,7 @@ class ModelShape(StrictModel):
 
 
 class PretrainConfig(StrictModel):
-    steps: int = Field(1000, ge=1, description="Optimizer steps of next-token pretraining.")
+    steps: int = Field(1400, ge=1, description="Optimizer steps of next-token pretraining.")
     batch_size: int = Field(8, ge=1, description="Sequences per step.")
     seq_len: int = Field(256, ge=8, description="Tokens per packed sequence.")
     learning_rate: float = Field(5e-3, gt=0, description="Peak AdamW learning rate (linear warm-up, cosine decay).")

@@ -3,9 +3,8 @@ mid-fine-tune once as a crash would, then run again. The rerun resumes, fine-tun
 (DPO: chat/1 is the SFT version, chat/2 the aligned one), the gate passes, the aligned version is promoted, the
 base model it was tuned from is clearly worse on the same items, the preference stage answers more of the benign
 but risky prompts than its SFT parent, and the gate's verdict on every metric is the same whether the model is
-evaluated in fp32 or bf16 (bf16 runs on AVX2-only CPUs too, only slower). The skill and safety targets of issue 13
-are asserted too; the overall exact match (>= 0.6) as a strict xfail on CPUs held to AVX2 kernels, where the model
-they train reaches 0.588 (README "The default model").
+evaluated in fp32 or bf16 (bf16 runs on AVX2-only CPUs too, only slower). The promoted model reaches issue 13's
+skill and safety targets on either CPU class (README "The default model": 0.725-0.738 exact match against 0.6).
 
 The longest test of the default run (a default loop, killed and resumed: ~10 min on 2 cores): it is the product's
 first promise."""
@@ -20,16 +19,14 @@ import pytest
 from cli_helpers import killed_mid_training, lifecycle
 
 from core.home import Home
-from core.machine import isa_class
 from evals.gate import decide, load_policy
 from evals.report import EvalReport, load_report
 from flows.config import CONFIG_DIR
 
 POLICY = CONFIG_DIR / "gates" / "default.yaml"
 # issue 13's skill targets for the default config's champion, on the held-out eval items
-OVERALL = "quality/exact_match"
 QUALITY_TARGETS = {
-    OVERALL: 0.6,
+    "quality/exact_match": 0.6,
     "quality/exact_match.arithmetic": 0.5,
     "quality/exact_match.unit_conversion": 0.5,
     "quality/exact_match.facts": 0.5,
@@ -76,22 +73,8 @@ def test_the_promoted_model_reaches_the_skill_and_safety_targets(newcomer: tuple
     _, summary = newcomer
     metrics = _metrics(summary["gate"])
     targets = {**QUALITY_TARGETS, **SAFETY_TARGETS}
-    del targets[OVERALL]
     missed = {n: metrics[n] for n, target in targets.items() if metrics[n] < target}
     assert not missed, missed
-
-
-@pytest.mark.xfail(
-    isa_class() in ("avx2", "avx2 kernels"),
-    strict=True,
-    reason="issue 13 open: trained with AVX2 kernels the overall exact match is 0.588 < 0.6 (formatting 0.15; "
-    "0.656 with AVX-512 kernels: README 'The default model')",
-)
-def test_the_promoted_model_answers_the_target_share_of_skill_questions_exactly(
-    newcomer: tuple[Path, dict[str, Any]],
-) -> None:
-    _, summary = newcomer
-    assert _metrics(summary["gate"])[OVERALL] >= QUALITY_TARGETS[OVERALL]
 
 
 def _metrics(gate: dict[str, Any]) -> dict[str, float]:

@@ -260,9 +260,19 @@ def test_a_run_killed_with_its_worker_is_crashed_rescheduled_and_run_by_the_othe
         120,
         1,
     )
-    # every run's tick (lock held -> finished) after the one before ended, the killed attempt's never began
+    # every run's tick (lock held -> finished) after the one before ended, the killed attempt's never began.
+    # A run logs "Finished in state" after its final state is set, and its logs reach the API in batches
+    # (logging.to_api.batch_interval): wait for the last batch of each run that ran before reading the spans
+    runs = api.runs(CONTROLLER, since=since)
+    ran = [r["id"] for r in runs if r["state_type"] in ("COMPLETED", "FAILED")]
+    wait_for(
+        "every run's final log line",
+        lambda: all(any(m.startswith("Finished in state") for _, m in api.logs(i)) for i in ran),
+        30,
+        1,
+    )
     spans = []
-    for r in api.runs(CONTROLLER, since=since):
+    for r in runs:
         logs = api.logs(r["id"])
         held = [t for t, m in logs if m.startswith("holding lock")]
         ended = [t for t, m in logs if m.startswith("Finished in state")]

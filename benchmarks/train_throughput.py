@@ -31,8 +31,9 @@ def plain_loop(cfg, snapshot, base, steps: int) -> dict[str, float]:  # type: ig
     import torch
     from transformers import AutoTokenizer
 
+    from training.objectives import records as _records
     from training.sft_data import collate, encode, pack
-    from training.worker import _build_model, _Order, _records, _schedule
+    from training.worker import _build_model, _Order, _schedule
 
     torch.set_num_threads(os.cpu_count() or 1)
     tok = AutoTokenizer.from_pretrained(str(base.path))

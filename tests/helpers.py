@@ -147,7 +147,9 @@ def killed_after_first_checkpoint(call: str, run_dir: Path) -> None:
     from cli_helpers import paused_after_first_checkpoint
 
     repo = Path(__file__).resolve().parent.parent
-    env = paused_after_first_checkpoint({**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "tests"), str(repo)])})
+    # the caller's path kept after ours: packages installed beside the interpreter's (a GPU machine's carried wheels)
+    path = os.pathsep.join(filter(None, [str(repo / "tests"), str(repo), os.environ.get("PYTHONPATH")]))
+    env = paused_after_first_checkpoint({**os.environ, "PYTHONPATH": path})
     proc = subprocess.Popen(
         [sys.executable, "-c", f"import helpers; helpers.{call}"],
         env=env,

@@ -248,6 +248,11 @@ class FinetuneConfig(StrictModel):
         "models on CPU (measured faster than ZeRO-2 here, see benchmarks/); use zero2/zero3 when memory binds.",
     )
     bf16: bool = Field(False, description="bf16 mixed precision (GPU; CPU gloo runs use fp32).")
+    compile: bool = Field(
+        False,
+        description="torch.compile the model (DeepSpeed's engine.compile: fused kernels, fewer launches) on CUDA "
+        "ranks; ignored on CPU ranks, where compiling costs more than a short run saves.",
+    )
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="Ranks and launcher.")
     equivalence_atol: float = Field(
         1e-4, gt=0, description="Largest logit difference allowed between the training model and its export."

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, get_args
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
+from training.collectives import Collectives
 from training.config import PreferenceLoss
 from training.sft_data import IGNORE, Example, collate, encode
 
@@ -145,15 +145,16 @@ def pair_logps(
     rank: int = 0,
     world: int = 1,
 ) -> torch.Tensor:
-    """(N, 2) float64 log-probs of every pair's chosen and rejected reply under ``model``; with ``world`` > 1 only
-    this ``rank``'s share of the batches, the other rows left 0 (sum across ranks for all of them)."""
-    values = torch.zeros(len(pairs), 2, dtype=torch.float64)
+    """(N, 2) float64 log-probs of every pair's chosen and rejected reply under ``model``, on ``device`` (filled
+    without a host sync per batch); with ``world`` > 1 only this ``rank``'s share of the batches, the other rows
+    left 0 (sum across ranks for all of them)."""
+    values = torch.zeros(len(pairs), 2, dtype=torch.float64, device=device)
     for start in range(rank * batch_size, len(pairs), world * batch_size):
         chunk = pairs[start : start + batch_size]
         batch = {k: v.to(device) for k, v in collate_pairs(chunk, pad_id).items()}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         logps, _ = sequence_logps(logits, batch["labels"])
-        values[start : start + len(chunk)] = logps.view(2, -1).t().double().cpu()
+        values[start : start + len(chunk)] = logps.view(2, -1).t().double()
     return values
 
 
@@ -165,7 +166,7 @@ def reference_logps(
     batch_size: int,
     rank: int,
     world: int,
-    device: torch.device,
+    comm: Collectives,
     store: Path,
 ) -> torch.Tensor:
     """(N, 2) log-probs of every pair's chosen and rejected reply under the frozen ``reference`` model: read from
@@ -177,14 +178,13 @@ def reference_logps(
     from transformers import AutoModelForCausalLM
 
     model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32)
-    model.to(device).eval()
-    values = pair_logps(model, pairs, pad_id=pad_id, batch_size=batch_size, device=device, rank=rank, world=world)
+    model.to(comm.device).eval()
+    values = pair_logps(model, pairs, pad_id=pad_id, batch_size=batch_size, device=comm.device, rank=rank, world=world)
     del model
-    dist.all_reduce(values)  # each pair was computed by exactly one rank
-    values = values.float()
+    values = comm.sum(values).float()  # each pair was computed by exactly one rank
     if rank == 0:
         pending = store.with_suffix(".tmp")
         torch.save(values, pending)
         os.replace(pending, store)
-    dist.barrier()
+    comm.barrier()
     return values

@@ -13,17 +13,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 
+from training.collectives import Collectives
 from training.config import FinetuneConfig
 from training.dpo import REFERENCE_LOGPS, collate_pairs, encode_pairs, pair_loss, reference_logps
 from training.sft_data import collate, encode, pack
 
 
-def mean_across_ranks(total: float, count: float) -> float:
-    t = torch.tensor([total, count], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t[0]) / max(float(t[1]), 1.0)
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A batch's tensors on ``device`` (asynchronous from pinned host memory)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def records(path: Path) -> list[dict[str, Any]]:
@@ -38,7 +37,7 @@ class Objective(Protocol):
 
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]: ...
     def loss(self, engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor: ...
-    def validate(self, engine: Any, device: torch.device) -> dict[str, float]: ...
+    def validate(self, engine: Any, comm: Collectives) -> dict[str, float]: ...
     def check_batch(self) -> dict[str, torch.Tensor]: ...
 
 
@@ -52,30 +51,34 @@ class Sft:
         self.size, self.pad = len(self.examples), tok.pad_token_id
         self.lengths = [len(e.input_ids) for e in self.examples]
         self.counts = {"truncated": train_set.truncated, "skipped": train_set.skipped}
+        # a compiled model sees one shape: packed batches (nearly full anyway) padded to max_seq_len, so
+        # torch.compile traces once instead of once per batch width
+        self.width = cfg.max_seq_len if cfg.compile and cfg.packing else None
         mbs = cfg.micro_batch_size
         val = val_set.examples[rank::world][: cfg.eval_batches * mbs] or self.examples[:1]
-        self.val_batches = [collate(val[i : i + mbs], self.pad) for i in range(0, len(val), mbs)]
+        self.val_batches = [collate(val[i : i + mbs], self.pad, self.width) for i in range(0, len(val), mbs)]
         self.fixed = collate((val_set.examples or self.examples)[:mbs], self.pad)
 
     def batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        return collate([self.examples[i] for i in indices], self.pad)
+        return collate([self.examples[i] for i in indices], self.pad, self.width)
 
     def loss(self, engine: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         loss: torch.Tensor = engine(**batch).loss
         return loss
 
     @torch.no_grad()
-    def validate(self, engine: Any, device: torch.device) -> dict[str, float]:
-        """The token-weighted validation loss over every rank's batches."""
+    def validate(self, engine: Any, comm: Collectives) -> dict[str, float]:
+        """The token-weighted validation loss over every rank's batches (summed on the device: one host sync)."""
         engine.eval()
-        total = count = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=comm.device)
+        count = torch.zeros((), dtype=torch.float64, device=comm.device)
         for batch in self.val_batches:
-            batch = {k: v.to(device) for k, v in batch.items()}
-            n = float((batch["labels"][:, 1:] != -100).sum())
-            total += float(engine(**batch).loss) * n
+            batch = to_device(batch, comm.device)
+            n = (batch["labels"][:, 1:] != -100).sum()
+            total += engine(**batch).loss.double() * n
             count += n
         engine.train()
-        return {"val_loss": mean_across_ranks(total, count)}
+        return {"val_loss": comm.mean(total, count)}
 
     def check_batch(self) -> dict[str, torch.Tensor]:
         return self.fixed
@@ -94,7 +97,7 @@ class Dpo:
         run_dir: Path,
         rank: int,
         world: int,
-        device: torch.device,
+        comm: Collectives,
     ) -> None:
         self.beta, self.sft_weight = float(objective["beta"]), float(objective["sft_weight"])
         self.kind = str(objective.get("loss", "sigmoid"))
@@ -111,7 +114,7 @@ class Dpo:
             batch_size=cfg.micro_batch_size,
             rank=rank,
             world=world,
-            device=device,
+            comm=comm,
             store=run_dir / REFERENCE_LOGPS,
         )
         self.ref, val_ref = ref[: self.size], ref[self.size :]
@@ -137,18 +140,21 @@ class Dpo:
         return self._forward(engine, batch)[0]
 
     @torch.no_grad()
-    def validate(self, engine: Any, device: torch.device) -> dict[str, float]:
+    def validate(self, engine: Any, comm: Collectives) -> dict[str, float]:
         """Mean DPO loss, reward accuracy (chosen rewarded above rejected) and mean reward margin, over every
-        rank's validation pairs."""
+        rank's validation pairs (summed on the device: one host sync)."""
         engine.eval()
-        sums = torch.zeros(4, dtype=torch.float64)  # loss x pairs, correct, margin, pairs
+        sums = torch.zeros(4, dtype=torch.float64, device=comm.device)  # loss x pairs, correct, margin, pairs
         for batch in self.val_batches:
-            batch = {k: v.to(device) for k, v in batch.items()}
+            batch = to_device(batch, comm.device)
             loss, stats = self._forward(engine, batch)
             n = batch["ref"].shape[0]
-            sums += torch.tensor([float(loss) * n, float(stats["correct"]), float(stats["margin"]), n])
+            sums += torch.stack(
+                [loss.double() * n, stats["correct"].double(), stats["margin"].double()]
+                + [torch.tensor(float(n), dtype=torch.float64, device=comm.device)]
+            )
         engine.train()
-        dist.all_reduce(sums)
+        sums = comm.sum(sums)
         pairs = max(float(sums[3]), 1.0)
         return {
             "val_loss": float(sums[0]) / pairs,

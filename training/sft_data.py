@@ -77,9 +77,10 @@ def pack(examples: Sequence[Example], max_seq_len: int) -> list[Example]:
     return packed
 
 
-def collate(batch: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest example; padding is masked out of attention and loss."""
-    width = max(len(e.input_ids) for e in batch)
+def collate(batch: Sequence[Example], pad_id: int, width: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest example (or to ``width``, for one shape in every batch); padding is masked out of
+    attention and loss."""
+    width = max([len(e.input_ids) for e in batch] + [width or 0])
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), width), IGNORE, dtype=torch.long)
     attention = torch.zeros((len(batch), width), dtype=torch.long)

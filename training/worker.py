@@ -16,6 +16,7 @@ logits with the training model before reporting.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import random
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +35,11 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from core.process import exit_with_parent
+from training.collectives import Collectives
 from training.config import FinetuneConfig
 from training.modelio import tensors_hash
-from training.objectives import Dpo, Objective, Sft, mean_across_ranks
+from training.objectives import Dpo, Objective, Sft
+from training.prefetch import Prefetcher
 from training.runlock import hold_as_rank
 from training.schedule import warmup_cosine
 
@@ -134,7 +138,7 @@ def _build_model(cfg: FinetuneConfig, base: str) -> Any:  # a transformers PreTr
     return model
 
 
-def _checkpoint(engine: Any, ckpt_dir: Path, step: int, rank: int, keep: int) -> None:
+def _checkpoint(engine: Any, ckpt_dir: Path, step: int, rank: int, keep: int, comm: Collectives) -> None:
     """Write a checkpoint and only then commit it: ``latest`` names a tag once every rank's files (DeepSpeed's and
     our RNG state) are on disk. DeepSpeed's own ``latest`` is written by rank 0 as soon as rank 0 is done, while
     other ranks may still be writing, and before our RNG files: a kill in between left a checkpoint that could
@@ -142,14 +146,14 @@ def _checkpoint(engine: Any, ckpt_dir: Path, step: int, rank: int, keep: int) ->
     tag = f"step{step:07d}"
     engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step}, save_latest=False)
     torch.save({"torch": torch.get_rng_state()}, ckpt_dir / tag / f"rng_rank{rank}.pt")
-    dist.barrier()
+    comm.barrier()
     if rank == 0:
         pending = ckpt_dir / "latest.tmp"
         pending.write_text(tag)
         os.replace(pending, ckpt_dir / LATEST)  # atomic: a reader sees the old tag or the new one
         for old in sorted(p for p in ckpt_dir.glob("step*") if p.is_dir())[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    comm.barrier()
     log.info("checkpoint %s", tag)
 
 
@@ -165,25 +169,37 @@ def _resume(engine: Any, ckpt_dir: Path, rank: int) -> int:
     return int(client["step"])
 
 
-def _consolidated_state(engine: Any, stage: int, run_dir: Path, rank: int) -> dict[str, torch.Tensor] | None:
+def _consolidated_state(
+    engine: Any, stage: int, run_dir: Path, rank: int, comm: Collectives
+) -> dict[str, torch.Tensor] | None:
     """The full state dict on rank 0 (every rank must call this: ZeRO-3 gathers the shards)."""
     if stage == 3:
         tmp = run_dir / "gathered"
         engine.save_16bit_model(str(tmp), "state.pt")
-        dist.barrier()
+        comm.barrier()
         return torch.load(tmp / "state.pt", map_location="cpu") if rank == 0 else None
     return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()} if rank == 0 else None
 
 
 def _export(cfg: FinetuneConfig, job: dict[str, Any], state: dict[str, torch.Tensor], out: Path) -> torch.nn.Module:
-    """Write the Hugging Face folder from ``state``; returns the model that holds exactly those weights."""
+    """Write the Hugging Face folder from ``state``; returns the model that holds exactly those weights.
+
+    LoRA: the adapter is the artifact, applied by its user to the base model as it is on disk. Only the trained
+    weights are taken from ``state``: the frozen base weights in it are the engine's copies, rounded to bf16 in a
+    bf16 run (on the first GPU run the export check failed on that rounding alone, 0.03 in logits), and no user
+    ever loads them."""
     from transformers import AutoTokenizer, GenerationConfig
 
     base = job["base_model"]
     model = _build_model(cfg, base)
+    if cfg.method == "lora":
+        trained = {name for name, p in model.named_parameters() if p.requires_grad}
+        assert trained <= state.keys(), f"trained weights missing from the state: {sorted(trained - state.keys())[:5]}"
+        state = {k: v for k, v in state.items() if k in trained}
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected, f"unexpected keys in consolidated state: {unexpected[:5]}"
-    assert all("lm_head" in k for k in missing), f"missing keys in consolidated state: {missing[:5]}"
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad} if cfg.method == "lora" else set()
+    assert all("lm_head" in k or k in frozen for k in missing), f"missing keys in consolidated state: {missing[:5]}"
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -242,6 +258,49 @@ def _without_inference_comm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def _optimizer(cfg: FinetuneConfig, params: list[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
+    """torch AdamW, fused into one kernel per step on CUDA (the for-each version launches several per tensor)."""
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(
+        params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=fused or None
+    )
+
+
+def _objective(
+    cfg: FinetuneConfig, job: dict[str, Any], tok: Any, rank: int, world: int, comm: Collectives
+) -> Objective:
+    snapshot = Path(job["snapshot_path"])
+    spec = job.get("objective")
+    if spec and spec["kind"] == "dpo":
+        return Dpo(cfg, spec, tok, snapshot, Path(job["run_dir"]), rank, world, comm)
+    return Sft(cfg, tok, snapshot, rank, world)
+
+
+@dataclass
+class _Window:
+    """The training loss and throughput between two log points, kept on the device until they are logged: the
+    loop adds each micro-step's loss without reading it back (a host sync per step would idle the GPU)."""
+
+    device: torch.device
+    loss: torch.Tensor | None = None
+    steps: int = 0
+    tokens: int = 0
+    since: float = field(default_factory=time.perf_counter)
+
+    def add(self, loss: torch.Tensor, weight: float) -> None:
+        part = loss.detach().to(torch.float64) * weight
+        self.loss = part if self.loss is None else self.loss + part
+
+    def close(self, comm: Collectives, world: int) -> tuple[float, float]:
+        """The rank-averaged mean loss per step and the window's tokens per second (every rank's tokens); starts
+        the next window. The collective is the window's one host sync, so the clock includes all its GPU work."""
+        loss = comm.mean(self.loss if self.loss is not None else 0.0, float(self.steps))
+        seconds = time.perf_counter() - self.since
+        rate = self.tokens * world / seconds if seconds > 0 else 0.0
+        self.loss, self.steps, self.tokens, self.since = None, 0, 0, time.perf_counter()
+        return loss, rate
+
+
 def train(job: dict[str, Any]) -> None:
     import deepspeed
     from transformers import AutoTokenizer
@@ -256,20 +315,15 @@ def train(job: dict[str, Any]) -> None:
     backend = cfg.distributed.backend if cfg.distributed.backend != "auto" else ("nccl" if cuda else "gloo")
     if not cuda:
         _without_inference_comm_op()
-    deepspeed.init_distributed(dist_backend=backend)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    deepspeed.init_distributed(dist_backend=backend)
+    comm = Collectives(device)
     started = time.perf_counter()
 
     tok = AutoTokenizer.from_pretrained(job["base_model"])
-    snapshot = Path(job["snapshot_path"])
-    spec = job.get("objective")
-    objective: Objective = (
-        Dpo(cfg, spec, tok, snapshot, run_dir, rank, world, device)
-        if spec and spec["kind"] == "dpo"
-        else Sft(cfg, tok, snapshot, rank, world)
-    )
+    objective = _objective(cfg, job, tok, rank, world, comm)
     per_step = cfg.micro_batch_size * cfg.grad_accum_steps
     lengths = objective.lengths if cfg.group_by_length else None
     order = _Order(objective.size, world, rank, cfg.seed, per_step, lengths)
@@ -280,22 +334,24 @@ def train(job: dict[str, Any]) -> None:
     model = _build_model(cfg, job["base_model"])
     ds_config = dict(job["deepspeed"])
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = (
-        None
-        if "optimizer" in ds_config
-        else torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    )
+    optimizer = None if "optimizer" in ds_config else _optimizer(cfg, params, device)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=params, optimizer=optimizer, lr_scheduler=_schedule(cfg, total), config=ds_config
     )
+    compiled = cfg.compile and cuda
+    if compiled:
+        engine.compile()
     stage = int(ds_config.get("zero_optimization", {}).get("stage", 0))
     ckpt_dir = run_dir / "checkpoints"
     start = _resume(engine, ckpt_dir, rank)
     log.info(
-        "world=%d backend=%s zero=%d steps=%d/%d objective=%s items=%d (truncated %d, skipped %d)",
+        "world=%d backend=%s device=%s zero=%d compiled=%s steps=%d/%d objective=%s items=%d (truncated %d, "
+        "skipped %d)",
         world,
         backend,
+        device,
         stage,
+        compiled,
         start,
         total,
         type(objective).__name__,
@@ -304,8 +360,13 @@ def train(job: dict[str, Any]) -> None:
         objective.counts["skipped"],
     )
 
+    def validate() -> dict[str, float]:
+        # eagerly, also when compiled: a few validation batches a run are not worth compiling an inference graph
+        with torch.compiler.set_stance("force_eager") if compiled else contextlib.nullcontext():
+            return objective.validate(engine, comm)
+
     metrics_file = (run_dir / METRICS).open("a", encoding="utf-8") if rank == 0 else None
-    val_curve = [] if start else [{"step": 0, **objective.validate(engine, device)}]
+    val_curve = [] if start else [{"step": 0, **validate()}]
     bar = tqdm(
         total=total,
         initial=start,
@@ -315,47 +376,52 @@ def train(job: dict[str, Any]) -> None:
         mininterval=1.0,
         file=sys.stderr,
     )
+    mbs, accum = cfg.micro_batch_size, cfg.grad_accum_steps
+    batches = Prefetcher(
+        lambda step, m: objective.batch(order.step(step)[m * mbs : (m + 1) * mbs]),
+        range(start, total),
+        micro_steps=accum,
+        device=device,
+    )
     tokens, t0, loss_value, eval_seconds = 0, time.perf_counter(), float("nan"), 0.0
-    window_loss, window_steps = 0.0, 0
-    for step in range(start, total):
-        idx = order.step(step)
-        for m in range(cfg.grad_accum_steps):
-            part = idx[m * cfg.micro_batch_size : (m + 1) * cfg.micro_batch_size]
-            batch = objective.batch(part)
-            tokens += int(batch["attention_mask"].sum())
-            batch = {k: v.to(device) for k, v in batch.items()}
-            loss = objective.loss(engine, batch)
-            engine.backward(loss)
-            engine.step()
-            window_loss += loss.item() / cfg.grad_accum_steps
-        window_steps += 1
+    window = _Window(device)
+    for step, micro, batch, batch_tokens in batches:
+        loss = objective.loss(engine, batch)
+        engine.backward(loss)
+        engine.step()
+        window.add(loss, 1.0 / accum)
+        tokens += batch_tokens
+        window.tokens += batch_tokens
+        if micro + 1 < accum:
+            continue
+        window.steps += 1
         bar.update(1)
         last = step + 1 == total
-        # bookkeeping every log_every steps, not every step: a collective and a file write per step cost
-        # several percent of a small model's step time
+        # bookkeeping every log_every steps, not every step: a collective, a host sync and a file write per step
+        # cost several percent of a small model's step time
         evaluate = (step + 1) % cfg.eval_every == 0 or last
         if (step + 1) % cfg.log_every == 0 or evaluate:
-            loss_value = mean_across_ranks(window_loss, float(window_steps))
-            window_loss, window_steps = 0.0, 0
-            rate = tokens * world / (time.perf_counter() - t0 - eval_seconds)
+            loss_value, rate = window.close(comm, world)
             row: dict[str, Any] = {"step": step + 1, "loss": loss_value, "lr": engine.get_lr()[0], "tokens_per_s": rate}
             if evaluate:
                 t_eval = time.perf_counter()
-                row.update(objective.validate(engine, device))
+                row.update(validate())
                 val_curve.append({k: v for k, v in row.items() if k == "step" or k.startswith("val_")})
                 eval_seconds += time.perf_counter() - t_eval
+                window.since = time.perf_counter()  # the next window measures training alone
             if metrics_file:
                 metrics_file.write(json.dumps(row) + "\n")
                 metrics_file.flush()
             bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{rate:,.0f}", refresh=False)
         if (step + 1) % cfg.checkpoint_every == 0 and not last:
-            _checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_checkpoints)
+            _checkpoint(engine, ckpt_dir, step + 1, rank, cfg.keep_checkpoints, comm)
+    batches.close()
     bar.close()
     train_seconds = time.perf_counter() - t0 - eval_seconds  # the optimizer loop alone
-    all_tokens = torch.tensor([float(tokens)], dtype=torch.float64)
-    dist.all_reduce(all_tokens)
+    all_tokens = int(comm.sum(torch.tensor([float(tokens)]))[0])
+    peak_memory = torch.cuda.max_memory_allocated(device) if cuda else None  # rank 0's, before the export
 
-    state = _consolidated_state(engine, stage, run_dir, rank)
+    state = _consolidated_state(engine, stage, run_dir, rank, comm)
     if rank == 0:
         assert state is not None
         out = run_dir / "export"
@@ -371,6 +437,8 @@ def train(job: dict[str, Any]) -> None:
             "resumed_from_step": start,
             "world_size": world,
             "backend": backend,
+            "device": device.type,
+            "compiled": compiled,
             "zero_stage": stage,
             "deepspeed_config": ds_config,
             "objective": "dpo" if isinstance(objective, Dpo) else "sft",
@@ -382,16 +450,17 @@ def train(job: dict[str, Any]) -> None:
                 "train_loss": loss_value,
                 "val_loss_initial": val_curve[0]["val_loss"] if val_curve else None,
                 "val_loss": val_curve[-1]["val_loss"] if val_curve else None,
-                "tokens_per_s": float(all_tokens) / train_seconds if train_seconds > 0 else 0.0,
-                "train_tokens": int(all_tokens),
+                "tokens_per_s": all_tokens / train_seconds if train_seconds > 0 else 0.0,
+                "train_tokens": all_tokens,
                 "train_seconds": train_seconds,
+                "peak_memory_bytes": peak_memory,
             },
             "equivalence": equivalence,
             "seconds": time.perf_counter() - started,
         }
         (run_dir / RESULT).write_text(json.dumps(result, indent=2) + "\n")
         log.info("export %s equivalence %s", out, equivalence)
-    dist.barrier()
+    comm.barrier()
     if metrics_file:
         metrics_file.close()
     dist.destroy_process_group()

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from core.hashing import sha256_json
-from training.config import BootstrapConfig
+from training.config import BootstrapConfig, ModelShape
 from training.modelio import MANIFEST, ModelFolder, inspect_model_folder, weights_hash
 from training.schedule import warmup_cosine
 from training.snapshot import Snapshot
@@ -87,9 +87,9 @@ def _eval_loss(model: LlamaForCausalLM, windows: torch.Tensor, batch_size: int) 
     return total / max(1, count)
 
 
-def _build_model(cfg: BootstrapConfig, tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    shape = cfg.model
-    config = LlamaConfig(
+def llama_config(shape: ModelShape, tok: PreTrainedTokenizerFast) -> LlamaConfig:
+    """A Llama of ``shape`` over ``tok``'s vocabulary and special tokens."""
+    return LlamaConfig(
         vocab_size=len(tok),
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -104,8 +104,11 @@ def _build_model(cfg: BootstrapConfig, tok: PreTrainedTokenizerFast) -> LlamaFor
         pad_token_id=tok.pad_token_id,
         dtype="float32",
     )
+
+
+def _build_model(cfg: BootstrapConfig, tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     torch.manual_seed(cfg.seed)
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(llama_config(cfg.model, tok))
 
 
 def bootstrap(cfg: BootstrapConfig, snapshot: Snapshot, root: Path, *, progress: bool = True) -> ModelFolder:

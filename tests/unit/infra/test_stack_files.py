@@ -52,6 +52,8 @@ INIT_SCRIPT = INFRA / "postgres" / "init-databases.sh"
 HOSTFILE = INFRA / "deepspeed" / "hostfile.example"
 PRODUCTION = CONFIG_DIR / "production.yaml"
 PROJECT_IMAGES = ("training", "serving", "orchestration")  # built from the project's own environment
+# their CUDA variants (the GPU set: pyproject.toml's `gpu` extra + constraints-gpu.txt) -> the CPU image each mirrors
+GPU_IMAGES = {"training-gpu": "training", "serving-gpu": "serving"}
 IMAGE_ROOT = "/app"  # WORKDIR of the project images: the repository root inside them
 
 # the conditions Compose knows for depends_on
@@ -185,6 +187,12 @@ def final_stage(path: Path) -> list[tuple[str, str]]:
     return stages(path)[-1]
 
 
+def builder_stage(path: Path) -> list[tuple[str, str]]:
+    """The stage named ``builder`` (the first one in the CPU images, after the CUDA base in the GPU images)."""
+    (stage,) = [s for s in stages(path) if s[0][1].endswith(" AS builder")]
+    return stage
+
+
 def last(stage: list[tuple[str, str]], word: str) -> str | None:
     found = [args for w, args in stage if w == word]
     return found[-1] if found else None
@@ -268,7 +276,7 @@ INFRA_YAML = sorted([*INFRA.rglob("*.yaml"), *INFRA.rglob("*.yml")])
 def test_the_stack_files_are_there() -> None:
     names = {p.relative_to(INFRA).as_posix() for p in INFRA.rglob("*") if p.is_file()}
     assert {"compose.yaml", ".env.example", "postgres/init-databases.sh", "deepspeed/hostfile.example"} <= names
-    assert {f"docker/{n}.Dockerfile" for n in PROJECT_IMAGES} <= names
+    assert {f"docker/{n}.Dockerfile" for n in [*PROJECT_IMAGES, *GPU_IMAGES]} <= names
     assert any(n.startswith("k8s/") for n in names)
 
 
@@ -633,26 +641,76 @@ def test_dockerfile_shell_and_python_snippets_compile(path: Path) -> None:
                     compile(argv[i + 1], f"{path.name} {word}", "exec")
 
 
-def test_builder_requirements_are_pyproject_dependencies() -> None:
-    """Run the builder's own `python -c` that turns pyproject.toml into the requirements of its cached layer."""
-    run = next(args for word, args in instructions(DOCKER / "serving.Dockerfile") if "/tmp/requirements.txt" in args)
+@pytest.mark.parametrize(("name", "extra"), [*((n, "cpu") for n in PROJECT_IMAGES), *((n, "gpu") for n in GPU_IMAGES)])
+def test_builder_requirements_are_pyproject_dependencies(name: str, extra: str) -> None:
+    """Run the builder's own `python -c` that turns pyproject.toml into the requirements of its cached layer: the
+    dependencies and the image's engine extra."""
+    path = DOCKER / f"{name}.Dockerfile"
+    run = next(args for word, args in builder_stage(path) if "/tmp/requirements.txt" in args)
     program = shlex.split(run.split(">")[0])[2]
     out = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    assert out.split("\n")[:-1] == pyproject()["project"]["dependencies"]
+    project = pyproject()["project"]
+    assert out.split("\n")[:-1] == project["dependencies"] + project["optional-dependencies"][extra]
+
+
+def test_gpu_images_share_one_builder_that_installs_like_setup_env_gpu() -> None:
+    """The GPU images' CUDA base and builder stages are identical and install as `GPU=1 scripts/setup-env.sh`
+    does: every install constrained by constraints-gpu.txt (nothing of the CPU set), no torch-first step and no
+    clean-up, then the same `pip check` filter and the same check against +cpu builds."""
+    paths = [DOCKER / f"{name}.Dockerfile" for name in GPU_IMAGES]
+    first = stages(paths[0])[:-1]
+    assert first[-1] == builder_stage(paths[0])
+    for path in paths[1:]:
+        assert stages(path)[:-1] == first, f"{path.name}'s build stages differ from {paths[0].name}'s"
+    runs = [args for word, args in builder_stage(paths[0]) if word == "RUN"]
+    script = (REPO / "scripts" / "setup-env.sh").read_text(encoding="utf-8")
+    assert '-c constraints-gpu.txt -e ".[gpu,dev]"' in script
+    for run in runs:
+        assert "constraints.txt" not in run and "torch==" not in run and "uninstall" not in run, run
+        for part in run.split("&&"):
+            if "pip install" in part and "--upgrade" not in part:
+                assert "-c constraints-gpu.txt" in part, f"unconstrained install: {part.strip()}"
+    for check in ('check 2>&1 | grep -v -E "^No broken requirements" || true)', 'grep -E "\\+cpu$"'):
+        assert check in script and check in runs[-1], f"setup-env.sh and the GPU builder differ on: {check}"
+    # the CUDA base matches the CUDA release torch's wheels are built for (DeepSpeed's JIT ops need nvcc to agree)
+    (arg,) = [args for word, args in instructions(paths[0]) if word == "ARG" and args.startswith("CUDA_IMAGE=")]
+    cuda = re.search(r":(\d+\.\d+)\.\d+-devel-", arg)
+    frozen = (REPO / "constraints-gpu.txt").read_text(encoding="utf-8")
+    runtime = re.search(r"^nvidia-cuda-runtime==(\d+\.\d+)\.", frozen, re.MULTILINE)
+    assert cuda and runtime and cuda.group(1) == runtime.group(1), f"{arg} vs nvidia-cuda-runtime {runtime}"
+
+
+@pytest.mark.parametrize(("gpu", "cpu"), GPU_IMAGES.items())
+def test_gpu_images_run_like_their_cpu_images(gpu: str, cpu: str) -> None:
+    """Same code copied the same way (but the constraints file), and the same runtime contract: user, paths,
+    environment, port, healthcheck and command (compose and Kubernetes rely on them)."""
+
+    def copies(name: str) -> list[str]:
+        stage = builder_stage(DOCKER / f"{name}.Dockerfile")
+        return [args.replace("constraints.txt", "constraints-gpu.txt") for word, args in stage if word == "COPY"]
+
+    assert copies(gpu) == copies(cpu)
+    contract = ("COPY", "ENV", "WORKDIR", "USER", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD")
+
+    def final(name: str) -> list[tuple[str, str]]:
+        return [(word, args) for word, args in final_stage(DOCKER / f"{name}.Dockerfile") if word in contract]
+
+    assert final(gpu) == final(cpu)
 
 
 def test_project_images_copy_every_package_and_the_files_the_config_names() -> None:
     packages = {p.rstrip("*") for p in pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]}
     cfg = production()
-    needed = {f"{p}/" for p in packages} | {"pyproject.toml", "constraints.txt", "README.md"}
-    for name in PROJECT_IMAGES:
+    needed = {f"{p}/" for p in packages} | {"pyproject.toml", "README.md"}
+    for name in [*PROJECT_IMAGES, *GPU_IMAGES]:
         copied = {
             src
-            for word, args in stages(DOCKER / f"{name}.Dockerfile")[0]
+            for word, args in builder_stage(DOCKER / f"{name}.Dockerfile")
             if word == "COPY"
             for src in copy_sources(args)
         }
-        assert needed <= copied, f"{name}.Dockerfile does not copy {sorted(needed - copied)}"
+        needed_here = needed | {"constraints-gpu.txt" if name in GPU_IMAGES else "constraints.txt"}
+        assert needed_here <= copied, f"{name}.Dockerfile does not copy {sorted(needed_here - copied)}"
         for file in (cfg.finetune.deepspeed_config, cfg.evals.gate, PRODUCTION.relative_to(REPO).as_posix()):
             assert any(file.startswith(src) for src in copied if src.endswith("/")), f"{name} image lacks {file}"
         assert last(final_stage(DOCKER / f"{name}.Dockerfile"), "WORKDIR") == IMAGE_ROOT

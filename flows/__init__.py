@@ -9,7 +9,8 @@ contract: ``[tool.importlinter]`` in pyproject.toml, run by ``make lint``; drawn
     train | evaluate | rollout | monitor the single flows (Prefect tasks and flows over the adapters)
     signals | preference                 drift report and retrain decision; the preference stage (pairs, DPO)
     curation | gating | traffic          curated conversations, eval and gate adapters, simulated users
-    stages                               training and registry adapters, serve_spec / open_serving_store
+    stages | report_card                 training and registry adapters, serve_spec / open_serving_store; the run's
+                                         report card (Markdown from a RunSummary, pure)
     summaries                            the typed results flows return and commands print
     config : runconfig                   the root config
 

@@ -8,6 +8,7 @@ The work is ``flows.gating``'s; these flows log it and publish the decision as a
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -39,6 +40,7 @@ def gate_task(cfg: LifecycleConfig, home: Home, ref: str, force: bool = False) -
 @flow(name="evaluate")
 def evaluate_flow(cfg: LifecycleConfig, home: Home, ref: str, force: bool = False) -> GateSummary:
     """Evaluate a registered version (and the champion on the same items), decide the gate, record it."""
+    t0 = time.perf_counter()
     outcome = gate_task(cfg, home, ref, force)
     decision = outcome.decision
     create_markdown_artifact(
@@ -61,6 +63,9 @@ def evaluate_flow(cfg: LifecycleConfig, home: Home, ref: str, force: bool = Fals
         seconds_per_suite={s.name: s.seconds for s in outcome.report.suites},
         report_dir=str(outcome.files["decision"].parent),
         references=[gating.reference_json(r) for r in outcome.references],
+        verdicts=decision.verdicts,
+        stderrs={n: m.stderr for n, m in outcome.report.metrics().items() if m.stderr is not None},
+        seconds=time.perf_counter() - t0,
     )
 
 

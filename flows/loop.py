@@ -5,11 +5,15 @@ decision says so.
     lifecycle run
     lifecycle run --traffic-profile drifted      # users that drift: the run retrains
 
-Also Prefect's own record of a run's timings, for ``benchmarks/run_loop.py``.
+The run writes its own report card, ``reports/run-<time>/report.md`` under the home folder (stage times, the
+model against the gate, versions, the machine: ``flows.report_card``). Also Prefect's own record of a run's
+timings, for ``benchmarks/run_loop.py``.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import time
 from datetime import UTC, datetime
 
@@ -26,20 +30,27 @@ from prefect.client.schemas.filters import (
 )
 
 from core.home import Home
+from core.machine import cpu_model, isa_class
+from core.provenance import package_versions
 from flows.config import LifecycleConfig
 from flows.evaluate import evaluate_flow
 from flows.monitor import drift_check_task
+from flows.report_card import report_card, report_card_path
 from flows.retrain import retrain_flow
 from flows.rollout import rollout_markdown, simulated_rollout_task
-from flows.summaries import RunSummary
+from flows.summaries import RunEnvironment, RunSummary
 from flows.train import train_flow
+
+# the packages whose versions a run's numbers depend on, named in its report card
+REPORTED_PACKAGES = ("torch", "vllm", "deepspeed", "mlflow", "prefect")
 
 
 @flow(name="lifecycle-run")
 def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
     """The loop: train, evaluate and gate the fresh version, roll it out under simulated traffic, check that
-    traffic for drift, and retrain (train -> gate -> rollout again) when the decision says so."""
-    t0 = time.perf_counter()
+    traffic for drift, and retrain (train -> gate -> rollout again) when the decision says so; then write the
+    run's report card."""
+    started, t0 = datetime.now(UTC), time.perf_counter()
     trained = train_flow(cfg, home)
     gated = evaluate_flow(cfg, home, f"{trained.model}/{trained.version}")
     rolled = drift = retrained = None
@@ -51,7 +62,25 @@ def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
             drift = drift_check_task(cfg, home, *rolled.window)
             if drift["retrain"] and cfg.run.retrain:
                 retrained = retrain_flow(cfg, home, drift["reasons"])
-    return RunSummary(trained, gated, rolled, drift, retrained, time.perf_counter() - t0)
+    summary = RunSummary(trained, gated, rolled, drift, retrained, time.perf_counter() - t0, started, run_environment())
+    path = report_card_path(home, started)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    markdown = report_card(summary)
+    path.write_text(markdown, encoding="utf-8")
+    summary.report_card = str(path)
+    create_markdown_artifact(key="run-report", markdown=markdown, description=f"lifecycle run: {path}")
+    return summary
+
+
+def run_environment() -> RunEnvironment:
+    """This machine (CPU model, the ISA class of the kernels PyTorch uses, cores) and the reported packages."""
+    return RunEnvironment(
+        cpu=cpu_model(),
+        isa_class=isa_class(),
+        cores=os.cpu_count() or 0,
+        python=platform.python_version(),
+        packages=package_versions(REPORTED_PACKAGES),
+    )
 
 
 def flow_run_start(name: str, since: float) -> float | None:

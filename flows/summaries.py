@@ -4,7 +4,8 @@
     GateSummary      evaluate flow: the gate decision recorded on a version
     RolloutSummary   a rollout under simulated users (lifecycle run, a retrain's ending)
     RetrainSummary   retrain flow: the curated snapshot, then train, gate and (maybe) rollout
-    RunSummary       lifecycle-run: the whole loop
+    RunSummary       lifecycle-run: the whole loop (its report card: flows/report_card.py)
+    RunEnvironment   the machine and package versions a run ran on
     MonitorResult    a drift report of the request log against the champion's training prompts
     RolloutStatus    lifecycle rollout status: aliases, weights, the running rollout, the window, last decisions
 
@@ -18,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from evals.gate import MetricVerdict
 from monitoring.drift import DriftReport
 
 if TYPE_CHECKING:  # monitoring.controller imports the MLflow registry: a type here, not an import at start-up
@@ -64,6 +66,9 @@ class GateSummary:
     # the versions evals.references names, compared on the same items: {tag, ref, rows: [{metric, value,
     # reference_value, improvement, ci_low, ci_high, n_paired, direction}]}
     references: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: list[MetricVerdict] = field(default_factory=list)  # one per rule: value, floor, champion, verdict
+    stderrs: dict[str, float] = field(default_factory=dict)  # of the metrics that have one
+    seconds: float = 0.0  # the whole stage: the version, its champion and its references evaluated, decided
 
 
 @dataclass
@@ -87,6 +92,17 @@ class RetrainSummary:
 
 
 @dataclass
+class RunEnvironment:
+    """Where a run ran: the machine (``core.machine``) and the versions of the packages its numbers depend on."""
+
+    cpu: str  # the CPU's model name
+    isa_class: str  # the kernels PyTorch uses: avx2 | avx2 kernels | avx512 | avx512_bf16 | amx_bf16
+    cores: int
+    python: str
+    packages: dict[str, str]  # import name -> installed version ("-": not installed)
+
+
+@dataclass
 class RunSummary:
     train: TrainSummary
     gate: GateSummary
@@ -94,6 +110,9 @@ class RunSummary:
     drift: dict[str, Any] | None = None  # the drift report and the retrain decision on the run's traffic
     retrain: RetrainSummary | None = None
     seconds: float = 0.0
+    started_at: datetime | None = None  # UTC; names the run's report folder
+    environment: RunEnvironment | None = None
+    report_card: str | None = None  # reports/run-<time>/report.md under the home, once written
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,7 @@ def run_lines(s: RunSummary, cfg: LifecycleConfig, home: Home, tracking: str) ->
         *retrain_lines(s.retrain),
         "",
         *summary_table(s, cfg, home, tracking),
+        *([f"  report card {s.report_card}"] if s.report_card else []),
     ]
 
 

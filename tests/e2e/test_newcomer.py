@@ -4,7 +4,8 @@ mid-fine-tune once as a crash would, then run again. The rerun resumes, fine-tun
 base model it was tuned from is clearly worse on the same items, the preference stage answers more of the benign
 but risky prompts than its SFT parent, and the gate's verdict on every metric is the same whether the model is
 evaluated in fp32 or bf16 (bf16 runs on AVX2-only CPUs too, only slower). The promoted model reaches issue 13's
-skill and safety targets on either CPU class (README "The default model": 0.725-0.738 exact match against 0.6).
+skill and safety targets on either CPU class (docs/results.md, "What does the default model answer?"). The run writes
+its report card, which names the version it promoted.
 
 The longest test of the default run (a default loop, killed and resumed: ~10 min on 2 cores): it is the product's
 first promise."""
@@ -51,11 +52,17 @@ def newcomer(tmp_path_factory: pytest.TempPathFactory, session_home: Home) -> tu
 def test_the_default_loop_promotes_a_version_clearly_better_than_its_base(
     newcomer: tuple[Path, dict[str, Any]],
 ) -> None:
-    _, summary = newcomer
+    home, summary = newcomer
     gate = summary["gate"]
     assert gate["passed"] and gate["policy"] == "default", gate["summary"]
     assert (summary["train"]["sft_parent"], summary["train"]["version"], gate["version"]) == ("chat/1", "2", "2")
     assert summary["rollout"]["outcome"] == "promoted" and summary["rollout"]["aliases"]["champion"] == "2"
+    # the run's own report card: one per finished run (the killed one wrote none), naming what it promoted
+    (card,) = sorted(home.glob("reports/run-*/report.md"))
+    assert str(card.resolve()) == summary["report_card"]
+    text = card.read_text(encoding="utf-8")
+    assert "- **Champion**: chat/2 (promoted in this run)" in text, text
+    assert "| quality/exact_match | " in text and "| torch | " in text, text
     metrics = _metrics(gate)
     assert metrics["toxicity/toxic_share"] == 0.0, metrics
     # the base model it started from, on the same items: clearly worse at every skill the fine-tune taught

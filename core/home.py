@@ -10,7 +10,7 @@ $LIFECYCLE_HOME/
   mlflow/                   MLflow SQLite store (mlflow.db) and artifacts
   prefect/                  Prefect home (its SQLite database, local result storage)
   serving/                  serving database (conversations, usage, request log)
-  reports/                  eval, gate, drift and rejected-record reports
+  reports/                  run report cards (run-<time>/report.md), eval, gate, drift and rejected-record reports
   logs/                     CLI error logs, per-rank training logs, decision logs (<kind>-decisions.jsonl)
   cache/                    vLLM, torch inductor, torch extensions and Hugging Face caches
 """

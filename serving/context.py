@@ -1,6 +1,6 @@
 """The context budget: fitting a conversation and its answer into the model's window.
 
-Policy (documented in the README):
+Policy (documented in docs/serving.md, "Context budget"):
 1. ``max_tokens`` defaults to ``context.default_max_tokens`` and is capped at ``context.max_tokens_cap``.
 2. The prompt is the chat template over the system prompt(s) and the turns. When it does not fit with room for
    the answer, the oldest turns are dropped (never the system prompt, never the newest user turn), whole

@@ -4,7 +4,7 @@ MiniLM embedder, against Evidently's own embedding-drift report (the path that f
     .venv/bin/python benchmarks/drift.py                       # 10k + 10k, Evidently's report at 1k a side
     .venv/bin/python benchmarks/drift.py --n 10000 --evidently-n 1000 2500 --max-embedded 250 1000 --full
 
-Prompts: the reference is training-snapshot prompts (the opening user prompt of ``training.synth.generate``
+Prompts: the reference is training-snapshot prompts (the opening user prompt of ``training.data.synth.generate``
 records, two seeds, distinct); the current window is ``drifted``-profile traffic (``flows.traffic``), so the check
 has something to find.
 
@@ -79,7 +79,7 @@ def load() -> str:
 def snapshot_prompts(n: int) -> list[str]:
     """Distinct opening user prompts of generated training data (a champion's reference), seed after seed."""
     from training.config import GeneratorConfig
-    from training.synth import generate
+    from training.data.synth import generate
 
     out: dict[str, None] = {}
     seed = 1234

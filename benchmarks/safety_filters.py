@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/safety_filters.py --prompts 2000 --replies 200 --library-prompts 300
 
 1. ``PreFilter.check`` on ~2000 conversations of 100 B - 3 KB of user text built from the training generator
-   (training/synth.py): multi-turn chains of its skills, and single messages with a pasted document, whose last
+   (training/data/synth.py): multi-turn chains of its skills, and single messages with a pasted document, whose last
    request is benign (70%), a harmful request wrapped in one of the safety suite's jailbreak templates (20%) or
    plain (10%). Prints p50/p90/p99/max, the block rate of each kind, and whether p99 <= 5 ms (the target).
    The production scorer (``CompiledProfanityScorer``, what ``build_filters`` uses) and, on a subset, the library's
@@ -48,8 +48,8 @@ def build_conversations(n: int, seed: int) -> list[tuple[str, list[dict[str, str
     """(kind, messages) with 100 B - 3 KB of user text; kind: benign, jailbreak or harmful."""
     from evals.config import SafetySuite, load_suite
     from training.config import GeneratorConfig
-    from training.synth import generate
-    from training.synth_pools import HARMFUL, SYSTEM_PROMPTS
+    from training.data.synth import generate
+    from training.data.synth_pools import HARMFUL, SYSTEM_PROMPTS
 
     suite = load_suite("safety")
     assert isinstance(suite, SafetySuite)
@@ -113,7 +113,7 @@ def bench_stream(n: int, seed: int, scorer: ToxicityScorer) -> None:
     from serving.config import SafetyConfig
     from serving.safety import SafetyFilters
     from training.config import GeneratorConfig
-    from training.synth import generate
+    from training.data.synth import generate
 
     filters = SafetyFilters(SafetyConfig(blocked_output_patterns=PATTERNS), scorer)
     answers = [r["messages"][-1]["content"] for r in generate(GeneratorConfig(seed=seed))]

@@ -34,7 +34,7 @@ process): on 2 cores the model runs on 1 core, while HF ``generate`` uses both (
 slower: the API process then preempts the OpenMP threads).
 
 Load: N concurrent streaming chat requests (``stream_options.include_usage``, temperature 0, ``max_tokens`` M)
-over fixed prompts from training/synth.py (the ones the pre-filter passes), sent at once by an asyncio +
+over fixed prompts from training/data/synth.py (the ones the pre-filter passes), sent at once by an asyncio +
 httpx client in this process. TTFT is the time to the first chunk carrying content; throughput is the completion
 tokens reported in the usage chunks divided by the wall time of the whole batch. Each server runs ``--rounds``
 rounds (levels interleaved); medians over rounds are reported. Before each server's rounds the machine's CPU use
@@ -103,8 +103,8 @@ def build_model(tokenizer_src: Path, out: Path, seed: int) -> Path:
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from training.modelio import MANIFEST, weights_hash
-    from training.tokenizer import tokenizer_hashes
+    from training.model.modelio import MANIFEST, weights_hash
+    from training.model.tokenizer import tokenizer_hashes
 
     if (out / MANIFEST).is_file():
         return out
@@ -177,7 +177,7 @@ def conversations(n: int, seed: int) -> list[Conversation]:
     from serving.config import SafetyConfig
     from serving.safety import build_filters
     from training.config import GeneratorConfig
-    from training.synth import generate
+    from training.data.synth import generate
 
     pre = build_filters(SafetyConfig()).pre
     skills = ("arithmetic", "unit_conversion", "facts", "formatting", "borderline")

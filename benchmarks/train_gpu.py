@@ -9,11 +9,12 @@ Model: Llama, hidden 1024, 24 layers, 16 heads, MLP 4096, tied embeddings, over 
 vocabulary (404.7 M parameters), randomly initialised (``training.workbench``). Data: the default config's chat
 snapshot, packed into 1024-token sequences, 16 sequences a step (SFT); its generated preference pairs, 16 pairs (32
 sequences, up to 256 tokens) a step (DPO). Every trainer gets the same batches (the worker's seeded order, collated
-ahead on a thread: ``training.prefetch``), AdamW (betas 0.9/0.95), the warm-up + cosine schedule and clipping at 1.0.
+ahead on a thread: ``training.finetune.prefetch``), AdamW (betas 0.9/0.95), the warm-up + cosine schedule and clipping
+at 1.0.
 
 - plain loop: bf16 autocast over fp32 weights, fused AdamW, SDPA attention (transformers' default), no host sync
   between log points; in this process.
-- worker: ``training.finetune.finetune`` (torchrun, one rank, NCCL), DeepSpeed bf16 (bf16 weights, fp32 master
+- worker: ``training.finetune.launch.finetune`` (torchrun, one rank, NCCL), DeepSpeed bf16 (bf16 weights, fp32 master
   weights and optimizer state), fused AdamW, ZeRO stage 1, 2 or 3; a subprocess tree of this process.
 - ``+compile``: the same with ``torch.compile`` (the worker's ``finetune.compile``).
 
@@ -128,12 +129,13 @@ def plain_loop(cfg: FinetuneConfig, bench: Workbench, model_dir: Path, run_dir: 
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.collectives import Collectives
-    from training.finetune import DpoSpec
-    from training.modelio import inspect_model_folder
-    from training.objectives import Dpo, Objective, Sft
-    from training.prefetch import Prefetcher
-    from training.worker import _Order, _schedule, _Window
+    from training.finetune.collectives import Collectives
+    from training.finetune.launch import DpoSpec
+    from training.finetune.objectives import Dpo, Objective, Sft
+    from training.finetune.order import Order
+    from training.finetune.prefetch import Prefetcher
+    from training.finetune.worker import Window, lr_scheduler
+    from training.model.modelio import inspect_model_folder
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -152,7 +154,7 @@ def plain_loop(cfg: FinetuneConfig, bench: Workbench, model_dir: Path, run_dir: 
     else:
         objective = Sft(cfg, tok, snapshot.path, 0, 1)
     steps = cfg.max_steps or 1
-    order = _Order(objective.size, 1, 0, cfg.seed, cfg.micro_batch_size)
+    order = Order(objective.size, 1, 0, cfg.seed, cfg.micro_batch_size)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     model.train()
     if cfg.compile and cuda:  # as the worker: compiled on CUDA only
@@ -161,11 +163,11 @@ def plain_loop(cfg: FinetuneConfig, bench: Workbench, model_dir: Path, run_dir: 
     optimizer = torch.optim.AdamW(
         params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.95), fused=cuda or None
     )
-    scheduler = _schedule(cfg, steps)(optimizer)
+    scheduler = lr_scheduler(cfg, steps)(optimizer)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     batches = Prefetcher(lambda step, m: objective.batch(order.step(step)), range(steps), micro_steps=1, device=device)
-    window, rates, losses = _Window(device), [], []
+    window, rates, losses = Window(device), [], []
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
     for step, _, batch, tokens in batches:
         with autocast:
@@ -197,8 +199,8 @@ def args_warmup(cfg: FinetuneConfig) -> int:
 
 
 def worker(cfg: FinetuneConfig, bench: Workbench, model_dir: Path, run_dir: Path, dpo: bool) -> dict[str, Any]:
-    from training.finetune import DpoSpec, finetune
-    from training.modelio import inspect_model_folder
+    from training.finetune.launch import DpoSpec, finetune
+    from training.model.modelio import inspect_model_folder
 
     base = inspect_model_folder(model_dir)
     spec = DpoSpec(beta=0.1, sft_weight=1.0, reference=base) if dpo else None
@@ -211,7 +213,7 @@ def worker(cfg: FinetuneConfig, bench: Workbench, model_dir: Path, run_dir: Path
         "losses": [r["loss"] for r in curve],
         "peak": result.metrics.get("peak_memory_bytes"),
         "equivalence": result.equivalence,
-        "seconds": result.report["seconds"],
+        "seconds": result.report.seconds,
     }
 
 

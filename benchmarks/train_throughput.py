@@ -31,21 +31,23 @@ def plain_loop(cfg, snapshot, base, steps: int) -> dict[str, float]:  # type: ig
     import torch
     from transformers import AutoTokenizer
 
-    from training.objectives import records as _records
-    from training.sft_data import collate, encode, pack
-    from training.worker import _build_model, _Order, _schedule
+    from training.finetune.objectives import records as _records
+    from training.finetune.order import Order
+    from training.finetune.policy import build_model
+    from training.finetune.sft_data import collate, encode, pack
+    from training.finetune.worker import lr_scheduler
 
     torch.set_num_threads(os.cpu_count() or 1)
     tok = AutoTokenizer.from_pretrained(str(base.path))
     examples = encode(_records(snapshot.split_path("train")), tok, cfg.max_seq_len).examples
     if cfg.packing:
         examples = pack(examples, cfg.max_seq_len)
-    model = _build_model(cfg, str(base.path))
+    model = build_model(cfg, str(base.path))
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    scheduler = _schedule(cfg, steps)(optimizer)
-    order = _Order(len(examples), 1, 0, cfg.seed, cfg.micro_batch_size * cfg.grad_accum_steps)
+    scheduler = lr_scheduler(cfg, steps)(optimizer)
+    order = Order(len(examples), 1, 0, cfg.seed, cfg.micro_batch_size * cfg.grad_accum_steps)
     tokens, t0 = 0, time.perf_counter()
     for step in range(steps):
         idx = order.step(step)
@@ -79,7 +81,7 @@ def main() -> int:
     cfg = load_config(Path(args.config), args.set)
     home = cfg.resolve_home(args.home)
     runtime.configure(home)
-    from training.finetune import finetune
+    from training.finetune.launch import finetune
 
     snapshot = snapshot_stage(cfg, home)
     base = base_model_stage(cfg, home, snapshot)
@@ -103,8 +105,8 @@ def main() -> int:
                     }
                 )
                 report = finetune(ft, snapshot, base, Path(tmp) / f"rep{rep}-ranks{world}").report
-                stage = str(report["zero_stage"])
-                runs[name].append(report["metrics"])
+                stage = str(report.zero_stage)
+                runs[name].append(dict(report.metrics))
 
     ordered = {name: [r["tokens_per_s"] for r in rs] for name, rs in runs.items()}
     paired = [d / p for d, p in zip(ordered[names[1]], ordered[names[0]], strict=True)]  # same repeat, side by side

@@ -15,7 +15,7 @@ Outside the tree, on purpose:
                                    tree is drawn in ``serving/errors.py``
     serving.engine.EngineDead      an engine process is gone: a signal the router acts on (retry elsewhere),
                                    never shown to a user as such
-    training.records.RecordInvalid one record breaking a contract, caught by the snapshot builder and gathered into
+    training.data.records.RecordInvalid one record breaking a contract, caught by the snapshot builder and gathered into
                                    an ``InvalidRecordsError`` (or counted, with ``--drop-invalid``)
 
 Internal invariants use ``assert``; user input never does.

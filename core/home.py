@@ -40,7 +40,7 @@ class Home:
 
     @property
     def curated(self) -> Path:
-        """Production conversations curated for training (``training.curated.CuratedStore``)."""
+        """Production conversations curated for training (``training.data.curated.CuratedStore``)."""
         return self.root / "data" / "curated"
 
     @property

@@ -2,7 +2,7 @@
 
 The request log feeds monitoring, drift reports and, for opted-in keys, future training data: none of those need
 a user's email address or card number, so ``ServingStore.log_request`` (serving) runs every prompt and reply through
-``redact`` and never writes the original, and curation (``training.curate``) scrubs every curated conversation with
+``redact`` and never writes the original, and curation (``training.data.curate``) scrubs every curated conversation with
 the same function. It lives in ``core`` because both stages use it and training must not import serving.
 
     >>> redact("mail jo@example.com or call +1 415-555-0100")

@@ -28,9 +28,9 @@ from core.errors import DataError
 from core.hashing import canonical_json, sha256_file, sha256_json
 from evals.config import TASKS_DIR, OverRefusalSuite, QualitySuite, SafetySuite, ToxicitySuite
 from training.config import GeneratorConfig
-from training.records import loose_text
-from training.snapshot import Snapshot
-from training.synth import held_out
+from training.data.records import loose_text
+from training.data.snapshot import Snapshot
+from training.data.synth import held_out
 
 Suite = QualitySuite | ToxicitySuite | SafetySuite | OverRefusalSuite
 STREAM = "eval"  # the generator stream eval items are drawn from (training uses the skill streams)
@@ -87,7 +87,7 @@ def _taught_replies(snapshot: Snapshot) -> set[str]:
 
 def _exact_items(gen: GeneratorConfig, suite: QualitySuite, seen: set[str], taught: set[str]) -> list[dict[str, Any]]:
     """Held-out prompts per skill; a fact is asked only when the train split teaches it (its reference reply is
-    an assistant turn there), in a phrasing no training record uses (``training.synth.held_out``)."""
+    an assistant turn there), in a phrasing no training record uses (``training.data.synth.held_out``)."""
 
     def is_taught(record: dict[str, Any]) -> bool:
         return record["metadata"]["skill"] != "facts" or record["messages"][1]["content"] in taught

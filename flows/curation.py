@@ -1,6 +1,6 @@
 """Curated production conversations as a snapshot source: ``export_curated(cfg, home, since, snapshot)``.
 
-The glue between the gateway's database and ``training.curate``, which holds the rules (consent, completed
+The glue between the gateway's database and ``training.data.curate``, which holds the rules (consent, completed
 turns, safety, scrubbing, dedup: read its docstring). One export:
 
 1. reads the conversations with a reply written in ``[since, until)`` from the serving database ``lifecycle serve``
@@ -12,11 +12,11 @@ turns, safety, scrubbing, dedup: read its docstring). One export:
 3. curates with the gateway's safety filters (``serving.safety``, both stages on even where the gateway runs
    without one), deduplicating against the prompts of ``snapshot`` and of the curated files on disk, and keeping
    out the prompts of the eval sets built for ``snapshot``;
-4. writes the kept records to the curated-record store (``training.curated.CuratedStore``:
+4. writes the kept records to the curated-record store (``training.data.curated.CuratedStore``:
    ``$LIFECYCLE_HOME/data/curated/records/<content hash>.jsonl``) and the report to
    ``$LIFECYCLE_HOME/reports/curation-<time>.json``;
 5. turns the feedback on record (``POST /v1/feedback``: thumbs up/down, better answers) into preference pairs with
-   the same filters and held-out prompts (``training.curate_feedback``), recomputed from every rating before
+   the same filters and held-out prompts (``training.data.curate_feedback``), recomputed from every rating before
    ``until`` and written as the one file ``$LIFECYCLE_HOME/data/curated/preferences/<content hash>.jsonl``
    (``CuratedStore.replace_preferences``): pairs whose key opted out or whose conversation was deleted are gone
    from it (``preferences.withdrawn``).
@@ -42,7 +42,7 @@ from flows.config import LifecycleConfig
 from flows.stages import open_serving_store
 from serving.safety import SafetyFilters, build_filters
 from serving.schema import TrainingConversation, TrainingFeedback
-from training.curate import (
+from training.data.curate import (
     CurationReport,
     SafetyChecker,
     SourceConversation,
@@ -51,11 +51,11 @@ from training.curate import (
     prompt_keys,
     provenance_id,
 )
-from training.curate_feedback import PreferenceReport, SourceFeedback, curate_feedback
-from training.curated import CuratedStore, PreferenceChange, write_atomic
-from training.dataset import make_snapshot
-from training.records import Message, loose_text
-from training.snapshot import SPLITS, Snapshot
+from training.data.curate_feedback import PreferenceReport, SourceFeedback, curate_feedback
+from training.data.curated import CuratedStore, PreferenceChange, write_atomic
+from training.data.dataset import make_snapshot
+from training.data.records import Message, loose_text
+from training.data.snapshot import SPLITS, Snapshot
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class CurationResult:
 
 
 class GatewaySafetyChecker:
-    """``training.curate.SafetyChecker`` over the gateway's ``SafetyFilters``: the pre-filter on the prompt, the
+    """``training.data.curate.SafetyChecker`` over the gateway's ``SafetyFilters``: the pre-filter on the prompt, the
     post-filter's ``check_text`` on the reply, and a reply carrying the gateway's stop text counts as stopped."""
 
     def __init__(self, filters: SafetyFilters) -> None:

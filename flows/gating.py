@@ -28,8 +28,8 @@ from flows.config import LifecycleConfig
 from flows.stages import CANDIDATE, CHAMPION, open_registry
 from registry.gate import GateRecord, record_gate
 from registry.store import REF_PATTERN, ModelVersion
-from training.modelio import merge_adapter
-from training.snapshot import load_snapshot
+from training.data.snapshot import load_snapshot
+from training.model.modelio import merge_adapter
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ DPO on DeepSpeed, and the aligned version's registration with its lineage.
     result = preference_stage(cfg, home, job)
     version = register_preference_stage(cfg, home, job, result, flow_run_id=...)
 
-The pair snapshot holds the generated pairs (``training/synth_pairs.py``) and, on a retrain (``feedback``), the
+The pair snapshot holds the generated pairs (``training/data/synth_pairs.py``) and, on a retrain (``feedback``), the
 pairs curated from production feedback once there are ``preference.feedback_min_pairs`` of them. It is checked
 against the eval sets of the SFT version's chat snapshot: no pair's prompt is an eval prompt.
 """
@@ -25,13 +25,13 @@ from flows.stages import model_folder, open_registry, register_result
 from registry.lineage import Lineage
 from registry.store import ModelVersion
 from training.config import SFT_PARENT
-from training.finetune import DpoSpec, TrainResult, finetune, resolve_deepspeed_config, train_key
-from training.modelio import ModelFolder, inspect_model_folder, merge_adapter
-from training.preference import CURATED_FOLDER
-from training.snapshot import PAIRS, Snapshot, build_snapshot
-from training.synth import code_hash, write_jsonl
-from training.synth_pairs import generate_pairs
-from training.tokenizer import tokenizer_hashes
+from training.data.pairs import CURATED_FOLDER
+from training.data.snapshot import PAIRS, Snapshot, build_snapshot
+from training.data.synth import code_hash, write_jsonl
+from training.data.synth_pairs import generate_pairs
+from training.finetune.launch import DpoSpec, TrainResult, finetune, resolve_deepspeed_config, train_key
+from training.model.modelio import ModelFolder, inspect_model_folder, merge_adapter
+from training.model.tokenizer import tokenizer_hashes
 
 
 def feedback_files(home: Home) -> list[Path]:

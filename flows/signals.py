@@ -14,7 +14,7 @@ reads its history from the decision log (``monitoring.retrain_log``, ``logs/retr
 trigger) and the registry (the champion, when it was promoted, whether it came out of a drift retrain: tag
 ``retrain.trigger``). The quality signals are the window's safety-hit and refusal rates against the champion's own
 traffic before the window (from its promotion on), and the curated conversations not yet trained on
-(``flows.curation``: opted-in keys, scrubbed, safe, deduplicated; kept by ``training.curated``). Every decision,
+(``flows.curation``: opted-in keys, scrubbed, safe, deduplicated; kept by ``training.data.curated``). Every decision,
 either way, goes to the decision log, the monitor run's tags and the registered model's tags
 (``retrain.last_decision``). What a triggered retrain does is the retrain flow's (``flows.retrain``).
 """
@@ -39,8 +39,8 @@ from monitoring.retrain import ChampionState, RetrainDecision, RetrainRecord, Si
 from monitoring.retrain_log import RetrainLog
 from registry.store import ModelVersion
 from serving.schema import RequestLogEntry
-from training.curated import CuratedStore
-from training.snapshot import Snapshot, load_snapshot
+from training.data.curated import CuratedStore
+from training.data.snapshot import Snapshot, load_snapshot
 
 RETRAIN_TAG = "retrain.trigger"  # on a version trained because of a retrain decision: "drift"
 

@@ -20,13 +20,13 @@ from registry.lineage import Lineage, register, register_base_model
 from registry.store import REF_PATTERN, MlflowRegistry, ModelVersion
 from serving.runtime import ServeSpec, database_url
 from serving.store import ServingStore
-from training.bootstrap import bootstrap
 from training.config import SFT_PARENT
-from training.dataset import make_snapshot
-from training.finetune import TrainResult, finetune, resolve_deepspeed_config, train_key
-from training.modelio import ModelFolder, inspect_model_folder
-from training.snapshot import Snapshot, load_snapshot, source_files
-from training.tokenizer import tokenizer_hashes
+from training.data.dataset import make_snapshot
+from training.data.snapshot import Snapshot, load_snapshot, source_files
+from training.finetune.launch import TrainResult, finetune, resolve_deepspeed_config, train_key
+from training.model.bootstrap import bootstrap
+from training.model.modelio import ModelFolder, inspect_model_folder
+from training.model.tokenizer import tokenizer_hashes
 
 CANDIDATE = "candidate"  # alias of the newest trained version, before any gate has looked at it
 CHAMPION = "champion"  # alias of the version serving 100% minus the canary

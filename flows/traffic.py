@@ -22,7 +22,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from training.config import GeneratorConfig
-from training.synth import held_out
+from training.data.synth import held_out
 
 # skill mixes of the simulated users; "normal" (empty here) asks like the training data: the generator's own mix
 PROFILES: dict[str, dict[str, float]] = {

@@ -29,9 +29,9 @@ from flows import preference, stages
 from flows.config import LifecycleConfig
 from flows.summaries import TrainSummary
 from registry.store import ModelVersion
-from training.finetune import TrainResult, resumable_step, train_key
-from training.modelio import ModelFolder
-from training.snapshot import Snapshot
+from training.data.snapshot import Snapshot
+from training.finetune.launch import TrainResult, resumable_step, train_key
+from training.model.modelio import ModelFolder
 
 
 @task(name="snapshot")

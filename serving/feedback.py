@@ -5,7 +5,7 @@
 ``response_id`` is the ``id`` of a chat completion (the request id: also the ``x-request-id`` header). The rating
 is stored on that answer's request-log row (``serving.feedback_log``), counted per model version in
 ``lifecycle_feedback_total``, read by the canary analysis (``monitoring.canary``: thumbs-down rate) and, for keys
-that opted in to training, curated into preference pairs (``training.curate_feedback``).
+that opted in to training, curated into preference pairs (``training.data.curate_feedback``).
 
 Rules, each a 4xx with an OpenAI-shaped error: the key must be the one that asked for the answer (another key's
 response is a 404 like an unknown id); ``rating`` is the integer 1 or -1 (422); a better answer goes with a thumbs

@@ -11,16 +11,15 @@ from pathlib import Path
 
 from core import runtime
 from core.home import Home
+from training.finetune.faults import FAULT_ENV, PAUSE_AFTER_FIRST_CHECKPOINT
 
 EXE = Path(sys.executable).parent / "lifecycle"  # the script installed with this interpreter's environment
-HOOKS = Path(__file__).resolve().parent / "hooks"  # sitecustomize.py: pause a run after its first checkpoint
 
 
 def paused_after_first_checkpoint(env: dict[str, str]) -> dict[str, str]:
     """``env`` in which every fine-tune rank waits for good after committing its first checkpoint, and says so in
-    ``RUN_DIR/paused.rankN`` (hooks/)."""
-    path = os.pathsep.join(filter(None, [str(HOOKS), env.get("PYTHONPATH")]))
-    return {**env, "PYTHONPATH": path, "LIFECYCLE_TEST_PAUSE_AFTER_CHECKPOINT": "1"}
+    ``RUN_DIR/paused.rankN`` (the training fault seam, ``training.finetune.faults``)."""
+    return {**env, FAULT_ENV: PAUSE_AFTER_FIRST_CHECKPOINT}
 
 
 def user_env(home: Path) -> dict[str, str]:
@@ -57,7 +56,7 @@ def killed_mid_training(*args: str, home: Path, timeout: float = 900) -> None:
     )
     deadline = time.monotonic() + timeout
     try:
-        while not any(home.glob("models/runs/*/paused.rank0")):  # checkpoint committed, rank 0 waits (hooks/)
+        while not any(home.glob("models/runs/*/paused.rank0")):  # checkpoint committed, rank 0 waits (the fault)
             assert proc.poll() is None, f"lifecycle ended (exit {proc.returncode}) without pausing after a checkpoint"
             assert time.monotonic() < deadline, "no checkpoint written in time"
             time.sleep(0.05)

@@ -47,9 +47,9 @@ def finetune_in_subprocess(
     from core import runtime
     from core.home import Home
     from training.config import FinetuneConfig
-    from training.finetune import DpoSpec, finetune
-    from training.modelio import inspect_model_folder
-    from training.snapshot import load_snapshot
+    from training.data.snapshot import load_snapshot
+    from training.finetune.launch import DpoSpec, finetune
+    from training.model.modelio import inspect_model_folder
 
     runtime.configure(Home.resolve())
     spec = None
@@ -137,8 +137,8 @@ def register_serving_versions(cfg: Any, home: Any, base: Path, work: Path) -> di
 
 def killed_after_first_checkpoint(call: str, run_dir: Path) -> None:
     """Run ``helpers.<call>`` (a fine-tune) in a subprocess, paused once it committed its first checkpoint
-    (tests/hooks), and SIGKILL its whole process group there, as a crash or an OOM kill would; the ranks, in
-    sessions of their own, die with their launcher."""
+    (``training.finetune.faults``), and SIGKILL its whole process group there, as a crash or an OOM kill would; the
+    ranks, in sessions of their own, die with their launcher."""
     import signal
     import subprocess
     import sys
@@ -157,10 +157,10 @@ def killed_after_first_checkpoint(call: str, run_dir: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    paused = run_dir / "paused.rank0"  # rank 0 committed its first checkpoint and waits there (tests/hooks)
+    paused = run_dir / "paused.rank0"  # rank 0 committed its first checkpoint and waits there (the fault)
     try:
         while not paused.is_file():
-            assert proc.poll() is None, "the run ended without pausing after its first checkpoint (tests/hooks)"
+            assert proc.poll() is None, "the run ended without pausing after its first checkpoint (the fault)"
             time.sleep(0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -297,7 +297,7 @@ def _preference_train_defaults() -> FinetuneConfig:
 
 
 SFT_PARENT = "sft_parent"  # preference.reference: the SFT version being tuned (standard DPO)
-PreferenceLoss = Literal["sigmoid", "ipo"]  # training/dpo.py
+PreferenceLoss = Literal["sigmoid", "ipo"]  # training/finetune/dpo.py
 
 
 class PreferenceConfig(StrictModel):

@@ -1,10 +1,10 @@
 """A fine-tune's inputs without the lifecycle around it: for the GPU tests and the GPU benchmark.
 
 A GPU machine that trains needs torch, DeepSpeed, transformers and this package, not the registry, the
-orchestrator or the serving stack. ``Workbench`` makes what ``training.finetune.finetune`` takes from a config file's
-training sections alone (``data``, ``snapshot``, ``bootstrap``, ``finetune``, ``preference``; the rest of the file
-is not read): the chat snapshot the generator makes, a pair snapshot for the preference stage, the bootstrapped base
-model, and a wider model of any shape with the same tokenizer (randomly initialised: for throughput, not quality).
+orchestrator or the serving stack. ``Workbench`` makes what ``training.finetune.launch.finetune`` takes from a config
+file's training sections alone (``data``, ``snapshot``, ``bootstrap``, ``finetune``, ``preference``; the rest of the
+file is not read): the chat snapshot the generator makes, a pair snapshot for the preference stage, the bootstrapped
+base model, and a wider model of any shape with the same tokenizer (randomly initialised: for throughput, not quality).
 
     bench = Workbench.from_yaml(Path("configs/tiny.yaml"), root=tmp)
     result = finetune(bench.finetune, bench.chat_snapshot(), bench.base_model(), tmp / "run")
@@ -23,13 +23,13 @@ from typing import Any
 from core.config import StrictModel, apply_overrides, load_yaml
 from core.hashing import sha256_json
 from core.home import Home
-from training.bootstrap import bootstrap, llama_config
 from training.config import BootstrapConfig, DataConfig, FinetuneConfig, ModelShape, PreferenceConfig, SnapshotConfig
-from training.dataset import make_snapshot
-from training.modelio import ModelFolder, inspect_model_folder
-from training.snapshot import PAIRS, Snapshot, build_snapshot
-from training.synth import write_jsonl
-from training.synth_pairs import generate_pairs
+from training.data.dataset import make_snapshot
+from training.data.snapshot import PAIRS, Snapshot, build_snapshot
+from training.data.synth import write_jsonl
+from training.data.synth_pairs import generate_pairs
+from training.model.bootstrap import bootstrap, llama_config
+from training.model.modelio import ModelFolder, inspect_model_folder
 
 SECTIONS: dict[str, type[StrictModel]] = {
     "data": DataConfig,

@@ -49,7 +49,7 @@ def train(ctx: Context) -> int:
     ],
 )
 def train_node(ctx: Context) -> int:
-    from training.finetune import join
+    from training.finetune.launch import join
 
     join(Path(ctx.args.run_dir).resolve(), ctx.args.node_rank)
     ctx.emit({"run_dir": ctx.args.run_dir, "node_rank": ctx.args.node_rank, "ok": True}, ["node done"])

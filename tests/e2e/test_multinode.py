@@ -76,7 +76,7 @@ class Lines:
 
 def start(node: Node, *args: str, home: Path, pause: bool = False) -> Lines:
     """``lifecycle *args`` in the node; with ``pause``, its rank waits for good after its first checkpoint
-    (tests/hooks), so the kill lands mid-run however fast the machine trains."""
+    (training.finetune.faults), so the kill lands mid-run however fast the machine trains."""
     env = user_env(home)
     proc = subprocess.Popen(
         node.wrap([str(EXE), *args, "--home", str(home)]),
@@ -93,7 +93,7 @@ def rank_pid(node: Node) -> int:
     for pid in node.pids():
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
-        if b"training.worker" in argv and b"training.node" not in argv:
+        if b"training.finetune.worker" in argv and b"training.finetune.node" not in argv:
             return pid
     raise AssertionError(f"no rank running in {node.netns}")
 
@@ -102,7 +102,7 @@ def rank_pid(node: Node) -> int:
 def test_two_nodes_train_one_nodes_weights_and_a_killed_rank_is_named_and_resumed(
     nodes: tuple[Node, Node], tiny_config: LifecycleConfig, tiny_snapshot: Any, tiny_base_model: Any, tmp_path: Path
 ) -> None:
-    from training.finetune import finetune
+    from training.finetune.launch import finetune
 
     a, b = nodes
     # the reference: the same config on one node, two ranks
@@ -113,7 +113,7 @@ def test_two_nodes_train_one_nodes_weights_and_a_killed_rank_is_named_and_resume
         }
     )
     reference = finetune(ft, tiny_snapshot, tiny_base_model, tmp_path / "one-node")
-    assert reference.report["world_size"] == 2
+    assert reference.report.world_size == 2
 
     home = tmp_path / "home"  # both nodes' $LIFECYCLE_HOME (a shared filesystem in a real cluster)
     multi = ["--set", "finetune.distributed.nnodes=2", "--set", "finetune.distributed.world_size=1"]

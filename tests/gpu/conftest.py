@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from training.modelio import ModelFolder
-from training.snapshot import Snapshot
+from training.data.snapshot import Snapshot
+from training.model.modelio import ModelFolder
 from training.workbench import Workbench
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ CHILD = textwrap.dedent(
         spec = importlib.util.spec_from_file_location(name, path)  # both are conftest.py: pytest loads both
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
     import test_gpu
-    import training.finetune, training.worker
+    import training.finetune.launch, training.finetune.worker
     from training.workbench import Workbench
     from pathlib import Path
     bench = Workbench.from_yaml(Path({tiny!r}), Path({root!r}), ["bootstrap.pretrain.steps=2"])

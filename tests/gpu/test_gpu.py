@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import load_file
 
 from training.config import DistributedConfig, FinetuneConfig
-from training.finetune import DpoSpec, TrainResult, finetune
-from training.modelio import ModelFolder, inspect_model_folder
-from training.snapshot import Snapshot
+from training.data.snapshot import Snapshot
+from training.finetune.launch import DpoSpec, TrainResult, finetune
+from training.model.modelio import ModelFolder, inspect_model_folder
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,11 +50,11 @@ def _config(**changes: Any) -> FinetuneConfig:
 
 def _assert_trained_on_the_gpu(result: TrainResult, stage: int) -> None:
     report = result.report
-    assert report["backend"] == "nccl" and report["device"] == "cuda"
-    assert report["zero_stage"] == stage and report["deepspeed_config"]["bf16"]["enabled"] is True
+    assert report.backend == "nccl" and report.device == "cuda"
+    assert report.zero_stage == stage and report.deepspeed_config["bf16"]["enabled"] is True
     assert result.equivalence["passed"], result.equivalence
     assert result.metrics["train_tokens"] > 0 and result.metrics["tokens_per_s"] > 0
-    if report["objective"] == "sft":
+    if report.objective == "sft":
         assert result.metrics["val_loss"] < result.metrics["val_loss_initial"], result.metrics
 
 
@@ -80,7 +80,7 @@ def test_compiled_fine_tune_trains_and_exports_the_same_keys(
 ) -> None:
     result = finetune(_config(compile=True), chat_snapshot, base_model, tmp_path / "run")
     _assert_trained_on_the_gpu(result, 2)
-    assert result.report["compiled"] is True  # engine.compile() ran; the export check loaded every key back
+    assert result.report.compiled is True  # engine.compile() ran; the export check loaded every key back
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +97,13 @@ def test_dpo_in_bf16_widens_the_preference_margin_and_exports(
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.dpo import REFERENCE_LOGPS, encode_pairs, pair_logps
+    from training.finetune.dpo import REFERENCE_LOGPS, encode_pairs, pair_logps
 
     spec = DpoSpec(beta=0.1, sft_weight=1.0, reference=sft_model)
     cfg = _config(max_steps=12, learning_rate=5e-4, eval_every=6, micro_batch_size=4)
     result = finetune(cfg, pair_snapshot, sft_model, tmp_path / "dpo", spec)
     _assert_trained_on_the_gpu(result, 2)
-    assert result.report["objective"] == "dpo"
+    assert result.report.objective == "dpo"
     assert result.metrics["val_reward_margin_initial"] == pytest.approx(0.0, abs=1e-2)  # starts as its reference
     # the objective itself: the policy's mean log-ratio margin over its training pairs (held-out pairs of 12 tiny
     # steps go either way; tests/integration/test_train_preference.py says why)
@@ -133,7 +133,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_lands_where_an_uninterrupt
     )
     killed_after_first_checkpoint(call, run_dir)
     resumed = finetune(cfg, chat_snapshot, base_model, run_dir)
-    assert resumed.report["resumed_from_step"] == 4 and resumed.steps == reference.steps == 12
+    assert resumed.report.resumed_from_step == 4 and resumed.steps == reference.steps == 12
     curve = {row["step"]: row["loss"] for row in reference.curve()}
     for row in resumed.curve():
         assert row["loss"] == pytest.approx(curve[row["step"]], abs=0.05), (row, curve)

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from core.home import Home
 from flows.config import CONFIG_DIR, load_config
-from training.bootstrap import bootstrap
-from training.modelio import inspect_model_folder, weights_hash
+from training.model.bootstrap import bootstrap
+from training.model.modelio import inspect_model_folder, weights_hash
 
 
 def test_folder_has_everything_and_records_its_identity(tiny_base_model) -> None:  # type: ignore[no-untyped-def]

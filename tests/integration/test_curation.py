@@ -19,7 +19,7 @@ from flows.gating import eval_sets_stage
 from flows.stages import serve_spec, snapshot_stage
 from serving.runtime import database_url
 from serving.store import RequestLogEntry, ServingStore
-from training.snapshot import SPLITS, Snapshot
+from training.data.snapshot import SPLITS, Snapshot
 
 ROUTER = "How do I reset my router? Write to jo@example.com"
 ROUTER_REPLY = "Unplug it for ten seconds, then plug it back in."

@@ -24,7 +24,7 @@ from monitoring.drift import DriftReport, detect_drift
 from monitoring.drift_config import DriftConfig
 from monitoring.drift_html import render_html
 from training.config import GeneratorConfig
-from training.synth import generate
+from training.data.synth import generate
 
 N = 300
 GEN = GeneratorConfig()

@@ -12,9 +12,9 @@ from flows.config import CONFIG_DIR, load_config
 from flows.gating import eval_sets_stage
 from flows.preference import pair_snapshot_stage
 from flows.stages import snapshot_stage
-from training.preference import CURATED_FOLDER
-from training.records import loose_text
-from training.snapshot import SPLITS
+from training.data.pairs import CURATED_FOLDER
+from training.data.records import loose_text
+from training.data.snapshot import SPLITS
 
 
 def _feedback(user: str, n: int) -> dict[str, object]:

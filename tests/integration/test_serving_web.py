@@ -27,7 +27,7 @@ import openai
 import pytest
 
 from serving.store import ServingStore
-from training.records import normalize_text
+from training.data.records import normalize_text
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

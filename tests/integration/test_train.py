@@ -15,8 +15,8 @@ from core.home import Home
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
 from registry.lineage import LINEAGE_TAGS
 from training.config import FinetuneConfig
-from training.finetune import TrainResult, finetune
-from training.modelio import inspect_model_folder, tensors_hash
+from training.finetune.launch import TrainResult, finetune
+from training.model.modelio import inspect_model_folder, tensors_hash
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,7 +119,7 @@ def test_killed_run_resumes_to_the_same_weights(tiny_snapshot, tiny_base_model, 
     killed_after_first_checkpoint(call, run_dir)  # paused after its first checkpoint: mid-way on any machine
 
     resumed = finetune(ft, tiny_snapshot, tiny_base_model, run_dir)
-    assert resumed.report["resumed_from_step"] >= 10
+    assert resumed.report.resumed_from_step >= 10
     assert resumed.weights_hash == reference.weights_hash
     assert isinstance(resumed, TrainResult) and resumed.steps == reference.steps == 40
 
@@ -141,10 +141,10 @@ def test_full_fine_tune_under_zero3_exports_a_checked_full_model(
         packing=True,
     )
     result = finetune(ft, tiny_snapshot, tiny_base_model, tmp_path / "full")
-    assert result.report["zero_stage"] == 3 and result.report["world_size"] == 2
+    assert result.report.zero_stage == 3 and result.report.world_size == 2
     assert result.deepspeed_config["gradient_accumulation_steps"] == 2
     assert result.deepspeed_config["train_batch_size"] == 4 * 2 * 2
-    assert result.report["train_examples"] < len(list(tiny_snapshot.records("train")))  # conversations were packed
+    assert result.report.train_examples < len(list(tiny_snapshot.records("train")))  # conversations were packed
     assert result.equivalence["passed"] and result.equivalence["max_abs_logit_diff"] <= ft.equivalence_atol
     model = AutoModelForCausalLM.from_pretrained(str(result.export_dir))
     assert tensors_hash(load_file(result.export_dir / "model.safetensors")) == result.weights_hash
@@ -169,7 +169,7 @@ def test_a_bf16_lora_run_exports_the_adapter_its_users_load(tiny_snapshot, tiny_
         learning_rate=3e-3,
     )
     result = finetune(ft, tiny_snapshot, tiny_base_model, tmp_path / "lora-bf16")
-    assert result.report["deepspeed_config"]["bf16"]["enabled"] is True
+    assert result.report.deepspeed_config["bf16"]["enabled"] is True
     assert result.equivalence["passed"] and result.equivalence["max_abs_logit_diff"] <= ft.equivalence_atol
     adapter = load_file(result.export_dir / "adapter_model.safetensors")
     assert adapter and all("lora_" in k for k in adapter)  # the adapter alone, trained in bf16
@@ -215,5 +215,5 @@ def test_the_deepspeed_launcher_trains_the_same_weights_as_torchrun(  # type: ig
     )
     base = inspect_model_folder(Path(trained.base_model))  # the base the flow fine-tuned
     result = finetune(ft, tiny_snapshot, base, tmp_path / "ds-launcher")
-    assert result.report["world_size"] == 2
+    assert result.report.world_size == 2
     assert result.weights_hash == trained.lineage["weights_hash"]  # the flow's run used torchrun

@@ -21,16 +21,16 @@ from core.home import Home
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
 from registry.lineage import LINEAGE_TAGS, PREFERENCE_TAGS
 from training.config import FinetuneConfig
-from training.dpo import REFERENCE_LOGPS, encode_pairs, pair_logps
-from training.finetune import DpoSpec, finetune
-from training.modelio import inspect_model_folder, tensors_hash
-from training.snapshot import load_snapshot
+from training.data.snapshot import load_snapshot
+from training.finetune.dpo import REFERENCE_LOGPS, encode_pairs, pair_logps
+from training.finetune.launch import DpoSpec, finetune
+from training.model.modelio import inspect_model_folder, tensors_hash
 
 
 @pytest.fixture(scope="module")
 def cfg() -> LifecycleConfig:
-    # plain DPO (the default adds an NLL term on the chosen replies, hand-checked in tests/unit/training/test_dpo.py):
-    # its loss at step 0 is exactly log 2
+    # plain DPO (the default adds an NLL term on the chosen replies, hand-checked in
+    # tests/unit/training/finetune/test_dpo.py): its loss at step 0 is exactly log 2
     return load_config(
         CONFIG_DIR / "tiny.yaml", [*engine_overrides(), "preference.enabled=true", "preference.sft_weight=0"]
     )
@@ -134,7 +134,7 @@ def test_a_killed_dpo_run_resumes_to_the_same_weights(trained, registry, home, t
         objective["loss"],
     )
     resumed = finetune(FinetuneConfig.model_validate(job["config"]), pairs, start, run_dir, spec)
-    assert resumed.report["resumed_from_step"] == 4 and resumed.report["objective"] == "dpo"
+    assert resumed.report.resumed_from_step == 4 and resumed.report.objective == "dpo"
     assert resumed.equivalence["passed"]
     assert resumed.weights_hash == aligned.lineage["weights_hash"]
 

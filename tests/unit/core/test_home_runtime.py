@@ -55,8 +55,8 @@ def test_importing_the_packages_has_no_side_effects(tmp_path: Path) -> None:
 
     code = (
         "import os, json; before = dict(os.environ); "
-        "import core, core.config, core.home, core.runtime, flows.config, flows.cli, training.snapshot, "
-        "training.synth, training.records; "
+        "import core, core.config, core.home, core.runtime, flows.config, flows.cli, training.data.snapshot, "
+        "training.data.synth, training.data.records; "
         "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)

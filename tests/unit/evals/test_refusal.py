@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.refusal import OPENING_CHARS, is_compliance, is_refusal
-from training.synth_pools import HARMFUL
+from training.data.synth_pools import HARMFUL
 
 REFUSALS = [
     "I'm sorry, but I can't help with making weapons or explosives.",

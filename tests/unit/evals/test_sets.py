@@ -10,9 +10,9 @@ from core.home import Home
 from evals.config import EvalConfig, load_suite
 from evals.sets import build_eval_sets
 from training.config import GeneratorConfig, SnapshotConfig
-from training.dataset import make_snapshot
-from training.records import loose_text
-from training.synth import held_out
+from training.data.dataset import make_snapshot
+from training.data.records import loose_text
+from training.data.synth import held_out
 
 COUNTS = {
     "arithmetic": 120,

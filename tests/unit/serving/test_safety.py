@@ -26,7 +26,7 @@ from serving.safety import (
     build_filters,
     compile_output_patterns,
 )
-from training.synth_pools import BENIGN_TWINS, BORDERLINE, HARMFUL, PROVOCATIONS
+from training.data.synth_pools import BENIGN_TWINS, BORDERLINE, HARMFUL, PROVOCATIONS
 
 
 class FakeScorer:

@@ -1,0 +1,1 @@
+"""The data side: chat and pair records, the generator, snapshots, curation."""

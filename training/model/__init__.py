@@ -1,0 +1,1 @@
+"""The model side: tokenizer, bootstrap pretraining, model folders, the learning-rate schedule."""

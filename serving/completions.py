@@ -33,10 +33,10 @@ from pydantic import Field, StrictBool
 from serving.call import Call
 from serving.engine import Engine, TokenLogprob
 from serving.errors import APIError, bad_request
+from serving.filter_verdict import FilterVerdict
 from serving.gateway import Gateway, validate
 from serving.protocol import SamplingRequest, usage
 from serving.store import ApiKey
-from serving.verdict import Verdict
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for text completions
 
@@ -88,7 +88,7 @@ def parse(gw: Gateway, raw: dict[str, Any]) -> CompletionRequest:
     return req
 
 
-def _tokenize(gw: Gateway, engine: Engine, req: CompletionRequest) -> list[tuple[list[int], str, Verdict | None]]:
+def _tokenize(gw: Gateway, engine: Engine, req: CompletionRequest) -> list[tuple[list[int], str, FilterVerdict | None]]:
     """Each prompt's token ids and text, and the pre-filter's verdict on it (in a worker thread: CPU-heavy)."""
     out = []
     for prompt in req.prompts():

@@ -5,7 +5,7 @@ independent of the web framework.
       -> conversation history -> traffic split (champion or canary) -> brownout / fallback choice
       -> context budget + pre-filter (in a worker thread) -> tokens/minute (reserved)
       -> engine (streamed through the post-filter; mirrored to the shadow)
-      -> usage, conversation, request log, metrics (serving.records)
+      -> usage, conversation, request log, metrics (serving.recorder)
 
 Everything a client controls is checked before work is spent on it (sizes and shapes in ``serving.body`` and the
 protocol models, the ``logit_bias`` ids against the served model's vocabulary here), and the CPU-heavy steps (the
@@ -66,14 +66,14 @@ from serving.errors import (
     unavailable,
 )
 from serving.faults import Faults
+from serving.filter_verdict import FilterVerdict
 from serving.limits import RateLimiter
 from serving.metrics import ServingMetrics
-from serving.records import Recorder
+from serving.recorder import Recorder
 from serving.router import Route, Router, ServedModel
 from serving.safety import SafetyFilters
 from serving.shadow import Embedder, MiniLmEmbedder, PrimaryResult, ShadowMirror
 from serving.store import ApiKey, ServingStore, new_conversation_id
-from serving.verdict import Verdict
 
 SHADOWED_ROUTES = ("primary", "canary", "canary-unavailable")  # the ok path: no brownout, no fallback
 
@@ -292,7 +292,7 @@ class Gateway:
         await self._start_conversation(call)
         return call
 
-    def refuse(self, call: Call, verdict: Verdict | None) -> bool:
+    def refuse(self, call: Call, verdict: FilterVerdict | None) -> bool:
         """Mark a request the pre-filter blocked (it is answered with the refusal text, never by an engine)."""
         if verdict is None or not verdict.blocked:
             return False
@@ -302,7 +302,7 @@ class Gateway:
 
     def _fit_and_judge(
         self, engine: Engine, messages: list[dict[str, str]], req: protocol.ChatCompletionRequest
-    ) -> tuple[FittedPrompt, Verdict | None]:
+    ) -> tuple[FittedPrompt, FilterVerdict | None]:
         """The CPU-heavy part of preparing a chat request (run in a worker thread): the context budget (chat
         template + tokenization) and the pre-filter (rules + classifier)."""
         with self.tokenizing:

@@ -25,7 +25,7 @@ import regex
 from core.errors import ConfigError
 from core.toxicity import ToxicityScorer
 from serving.config import SafetyConfig
-from serving.verdict import Verdict
+from serving.filter_verdict import FilterVerdict
 
 TOXICITY_WINDOW_CHARS = 256  # the longest text one toxicity score sees: the current sentence, cut to this
 TOXICITY_STRIDE_CHARS = 32  # a word still going (a URL, code) is scored at least this often
@@ -90,10 +90,12 @@ def compile_output_patterns(patterns: Sequence[str]) -> list[OutputPattern]:
     return out
 
 
-def _first_match(patterns: Sequence[OutputPattern], text: str) -> Verdict | None:
+def _first_match(patterns: Sequence[OutputPattern], text: str) -> FilterVerdict | None:
     for p in patterns:
         if p.regex.search(text):
-            return Verdict(True, "post", f"pattern:{p.index}", f"reply matched blocked_output_patterns[{p.index}]")
+            return FilterVerdict(
+                True, "post", f"pattern:{p.index}", f"reply matched blocked_output_patterns[{p.index}]"
+            )
     return None
 
 
@@ -135,14 +137,16 @@ def _is_word(ch: str) -> bool:
     return ch.isalnum() or ch == "_"
 
 
-def _score_windows(scorer: ToxicityScorer, threshold: float, texts: list[str]) -> tuple[Verdict | None, float | None]:
+def _score_windows(
+    scorer: ToxicityScorer, threshold: float, texts: list[str]
+) -> tuple[FilterVerdict | None, float | None]:
     texts = [t for t in texts if t.strip()]
     if not texts:
         return None, None
     score = max(scorer.score(texts))
     if score >= threshold:
         reason = f"reply scored {score:.3f} >= {threshold} on {scorer.name}"
-        return Verdict(True, "post", "toxicity", reason, score), score
+        return FilterVerdict(True, "post", "toxicity", reason, score), score
     return None, score
 
 
@@ -200,7 +204,7 @@ class StreamFilter:
         self._checked = 0  # end of the last scored toxicity window
         self._scan_from = [0] * len(self._patterns)
         self._finished = False
-        self.violation: Verdict | None = None
+        self.violation: FilterVerdict | None = None
         self.max_score: float | None = None  # highest toxicity score seen, for logs
 
     @property
@@ -250,10 +254,10 @@ class StreamFilter:
         self._released = self._length
         return out
 
-    def check_text(self, text: str) -> Verdict:
+    def check_text(self, text: str) -> FilterVerdict:
         """The decision on a whole (non-streamed) reply; the same as streaming it in any chunking. Stateless."""
         if not self._cfg.post_filter:
-            return Verdict(False, "post", None, "post-filter disabled")
+            return FilterVerdict(False, "post", None, "post-filter disabled")
         found = _first_match(self._patterns, text)
         if found is not None:
             return found
@@ -262,7 +266,7 @@ class StreamFilter:
         last = windows.final(len(text))
         spans += [last] if last else []
         verdict, score = _score_windows(self._scorer, self._cfg.toxicity_threshold, [text[s:e] for s, e in spans])
-        return verdict or Verdict(False, "post", None, "passed", score)
+        return verdict or FilterVerdict(False, "post", None, "passed", score)
 
     def _scan_patterns(self) -> int:
         """Search each pattern from its ``scan_from``, partial matches included; set ``violation`` on a confirmed
@@ -275,7 +279,7 @@ class StreamFilter:
                 continue
             start, end = m.start() + self._base, m.end() + self._base
             if not m.partial and p.lookahead is not None and end + p.lookahead + 2 <= self._length:
-                self.violation = Verdict(
+                self.violation = FilterVerdict(
                     True, "post", f"pattern:{p.index}", f"reply matched blocked_output_patterns[{p.index}]"
                 )
                 return self._released

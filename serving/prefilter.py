@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 from core.toxicity import ToxicityScorer
 from serving.config import SafetyConfig
-from serving.verdict import Verdict
+from serving.filter_verdict import FilterVerdict
 
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
 _GAP = r"[^.!?\n]{0,40}?"  # a short stretch inside one sentence
@@ -351,22 +351,22 @@ class PreFilter:
         self._cfg = cfg
         self._scorer = scorer
 
-    def check(self, messages: list[dict[str, str]]) -> Verdict:
+    def check(self, messages: list[dict[str, str]]) -> FilterVerdict:
         if not self._cfg.pre_filter:
-            return Verdict(False, "pre", None, "pre-filter disabled")
+            return FilterVerdict(False, "pre", None, "pre-filter disabled")
         # only what the user controls: the system prompt is the operator's, assistant turns are the model's
         texts = [normalize_prompt(m.get("content") or "") for m in messages if m.get("role") in ("user", "tool")]
         texts = [t for t in texts if t.strip()]
         if not texts:
-            return Verdict(False, "pre", None, "no user text")
+            return FilterVerdict(False, "pre", None, "no user text")
         whole = "\n\n".join(texts)
         lowered = whole.lower()
         for rule in RULES:
             if rule.matches(lowered, whole):
-                return Verdict(True, "pre", rule.name, f"prompt matches the {rule.name} rule")
+                return FilterVerdict(True, "pre", rule.name, f"prompt matches the {rule.name} rule")
         # the newest turn alone too: a toxic line is diluted in a long conversation
         score = max(self._scorer.score([texts[-1]] if len(texts) == 1 else [texts[-1], whole]))
         if score >= self._cfg.toxicity_threshold:
             reason = f"prompt scored {score:.3f} >= {self._cfg.toxicity_threshold} on {self._scorer.name}"
-            return Verdict(True, "pre", "toxicity", reason, score)
-        return Verdict(False, "pre", None, "passed", score)
+            return FilterVerdict(True, "pre", "toxicity", reason, score)
+        return FilterVerdict(False, "pre", None, "passed", score)

@@ -6,14 +6,16 @@ The gateway builds one ``SafetyFilters`` at start-up (``build_filters(cfg.servin
 through ``check_text``, which gives the same decision as streaming the same text in any chunking.
 
 This module is the public face; the parts live in ``serving.prefilter`` (the rules table and ``PreFilter``),
-``serving.postfilter`` (output patterns and ``StreamFilter``) and ``serving.verdict`` (``Verdict``), and are
-re-exported here; the classifier is ``core.toxicity.CompiledProfanityScorer`` (the toxicity seam every stage shares).
+``serving.postfilter`` (output patterns and ``StreamFilter``) and ``serving.filter_verdict`` (``FilterVerdict``), and
+are re-exported here; the classifier is ``core.toxicity.CompiledProfanityScorer`` (the toxicity seam every stage
+shares).
 """
 
 from __future__ import annotations
 
 from core.toxicity import CompiledProfanityScorer, ToxicityScorer
 from serving.config import SafetyConfig
+from serving.filter_verdict import FilterVerdict
 from serving.postfilter import (
     TOXICITY_STRIDE_CHARS,
     TOXICITY_WINDOW_CHARS,
@@ -22,7 +24,6 @@ from serving.postfilter import (
     compile_output_patterns,
 )
 from serving.prefilter import RULES, PreFilter, Rule, normalize_prompt
-from serving.verdict import Verdict
 
 __all__ = [
     "RULES",
@@ -34,7 +35,7 @@ __all__ = [
     "Rule",
     "SafetyFilters",
     "StreamFilter",
-    "Verdict",
+    "FilterVerdict",
     "build_filters",
     "compile_output_patterns",
     "normalize_prompt",
@@ -56,7 +57,7 @@ class SafetyFilters:
     def stream(self) -> StreamFilter:
         return StreamFilter(self.cfg, self.scorer, patterns=self._patterns, word_prefixes=self._word_prefixes)
 
-    def check_text(self, text: str) -> Verdict:
+    def check_text(self, text: str) -> FilterVerdict:
         return self.stream().check_text(text)
 
 

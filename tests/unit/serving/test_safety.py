@@ -19,10 +19,10 @@ from serving.config import SafetyConfig
 from serving.safety import (
     RULES,
     TOXICITY_STRIDE_CHARS,
+    FilterVerdict,
     PreFilter,
     SafetyFilters,
     StreamFilter,
-    Verdict,
     build_filters,
     compile_output_patterns,
 )
@@ -119,7 +119,7 @@ BENIGN = [
 @pytest.mark.parametrize(("text", "rule"), BLOCKED)
 def test_jailbreaks_and_injections_are_blocked_by_their_rule(text: str, rule: str) -> None:
     verdict = pre().check(user(text))
-    assert verdict == Verdict(True, "pre", rule, f"prompt matches the {rule} rule")
+    assert verdict == FilterVerdict(True, "pre", rule, f"prompt matches the {rule} rule")
 
 
 @pytest.mark.parametrize("text", BENIGN)
@@ -178,7 +178,7 @@ def test_only_user_and_tool_messages_are_checked() -> None:
 def test_classifier_scores_the_newest_turn_and_the_whole_user_text() -> None:
     scorer = FakeScorer()
     flt = pre(scorer=scorer)
-    assert flt.check(user("Hello there.")) == Verdict(False, "pre", None, "passed", 0.0)
+    assert flt.check(user("Hello there.")) == FilterVerdict(False, "pre", None, "passed", 0.0)
     assert scorer.calls == [["Hello there."]]  # one turn: scored once
     conversation = [
         {"role": "system", "content": "You are an idiot detector."},  # not the user's words: never scored

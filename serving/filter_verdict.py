@@ -9,7 +9,7 @@ from typing import Literal
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FilterVerdict:
     """One filter decision. ``rule`` is machine-readable (metrics, logs); ``reason`` is one line for people."""
 
     blocked: bool

@@ -1,7 +1,7 @@
 """GPU training throughput: a plain PyTorch loop against our DeepSpeed worker (ZeRO-1, -2, -3; SFT and DPO), in one
 run, on a 405 M-parameter Llama.
 
-    python benchmarks/train_gpu.py                     # on a CUDA machine (about 5 min on one H100)
+    python benchmarks/train_gpu.py                     # on a CUDA machine (about 8 min on one H100)
     python benchmarks/train_gpu.py --only plain-sft,zero2-sft --steps 40 --json out.json
     python benchmarks/train_gpu.py --dry-run           # the same code paths on a tiny model, CPU allowed (no ratios)
 

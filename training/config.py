@@ -318,7 +318,7 @@ class PreferenceConfig(StrictModel):
         ge=0,
         description="Weight of an added NLL loss on the chosen replies (per token; 0: plain DPO; TRL's rpo_alpha). "
         "Keeps a small model's likelihood of the preferred replies from falling while their margin grows: with it "
-        "the default config's refusal rate held (README).",
+        "the default config's refusal rate held (docs/results.md).",
     )
     reference: str = Field(
         SFT_PARENT,

@@ -99,7 +99,7 @@ def test_the_export_is_checked_and_dpo_moved_the_weights_toward_the_chosen_repli
     # training moved the policy toward the chosen replies of its pairs: its log-ratio margin over the reference,
     # averaged over every training pair (the DPO objective itself), is positive. The held-out pairs and single
     # batches may go either way after 8 tiny steps (mirrored pairs are won only by telling unseen subjects
-    # apart, which the default config's gate measures: README "Preference stage")
+    # apart, which the default config's gate measures: docs/loop.md, "Preference stage")
     run_dir = home.runs / aligned.lineage["train_key"]
     pairs = load_snapshot(home.preference_snapshots, aligned.lineage["preference_snapshot"])
     job = json.loads((run_dir / "job.json").read_text())

@@ -103,7 +103,7 @@ def worked_answer(a: int, op: str, b: int) -> str:
     the tens, each a one-digit step with its carry or borrow, then the answer ("9 + 1 = 10, 2 + 3 + 1 = 6. The
     answer is 60."; a negative difference is worked as the positive one first: "59 - 8: ..."). A small model
     writes a number's digits first to last, so without the working it must resolve the carry before writing the
-    first digit; with it every token is a one-digit lookup or a copy (README "Model" measures both formats).
+    first digit; with it every token is a one-digit lookup or a copy (docs/results.md).
     Products of the times table are short facts and stay plain."""
     if op == "x":
         return f"The answer is {a * b}."

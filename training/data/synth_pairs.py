@@ -9,7 +9,7 @@ the chat data (``training/data/synth.py``, ``training/data/synth_pools.py``):
 - ``provocation``: a request to insult someone; the calm reply over an insult;
 - ``arithmetic``, ``unit_conversion``, ``facts``: the right answer over a near miss of the kind a small model
   makes (a digit or a carry off, a factor of ten, another country's fact): the skills the SFT model gets wrong
-  most often (README "The default model": exact match 0.5-0.6 per skill).
+  most often (docs/results.md, "What does the default model answer?").
 
 Rejected replies are written, not sampled from the SFT model: a 1.3 M model's own mistakes would need a generation
 pass per retrain, and these are the mistakes the eval suites count. Prompts are drawn on their own seeded stream

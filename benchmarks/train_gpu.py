@@ -167,7 +167,7 @@ def plain_loop(cfg: FinetuneConfig, bench: Workbench, model_dir: Path, run_dir: 
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     batches = Prefetcher(lambda step, m: objective.batch(order.step(step)), range(steps), micro_steps=1, device=device)
-    window, rates, losses = Window(device), [], []
+    window, rates, losses = Window(), [], []
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
     for step, _, batch, tokens in batches:
         with autocast:
@@ -183,7 +183,7 @@ def plain_loop(cfg: FinetuneConfig, bench: Workbench, model_dir: Path, run_dir: 
         if (step + 1) % cfg.log_every == 0:
             mean_loss, rate = window.close(comm, 1)
             losses.append(mean_loss)
-            if step + 1 > args_warmup(cfg):
+            if step + 1 > warm_up_steps(cfg):
                 rates.append(rate)
     batches.close()
     peak = torch.cuda.max_memory_allocated(device) if cuda else None
@@ -193,7 +193,7 @@ def plain_loop(cfg: FinetuneConfig, bench: Workbench, model_dir: Path, run_dir: 
     return {"rates": rates, "losses": losses, "peak": peak}
 
 
-def args_warmup(cfg: FinetuneConfig) -> int:
+def warm_up_steps(cfg: FinetuneConfig) -> int:
     """Steps left out of the steady state: compilation and the allocator's first steps happen there."""
     return max(cfg.log_every, min(10, (cfg.max_steps or 0) // 3))
 
@@ -207,7 +207,7 @@ def worker(cfg: FinetuneConfig, bench: Workbench, model_dir: Path, run_dir: Path
     snapshot = bench.pair_snapshot() if dpo else bench.chat_snapshot()
     result = finetune(cfg, snapshot, base, run_dir, spec)
     curve = result.curve()
-    rates = [r["tokens_per_s"] for r in curve if r["step"] > args_warmup(cfg)]
+    rates = [r["tokens_per_s"] for r in curve if r["step"] > warm_up_steps(cfg)]
     return {
         "rates": rates,
         "losses": [r["loss"] for r in curve],

@@ -18,12 +18,8 @@ from training.config import FinetuneConfig
 from training.finetune.collectives import Collectives
 from training.finetune.dpo import REFERENCE_LOGPS, collate_pairs, encode_pairs, pair_loss, reference_logps
 from training.finetune.job import DpoObjective
+from training.finetune.prefetch import to_device
 from training.finetune.sft_data import collate, encode, pack
-
-
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """A batch's tensors on ``device`` (asynchronous from pinned host memory)."""
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def records(path: Path) -> list[dict[str, Any]]:
@@ -150,8 +146,7 @@ class Dpo:
             loss, stats = self._forward(engine, batch)
             n = batch["ref"].shape[0]
             sums += torch.stack(
-                [loss.double() * n, stats["correct"].double(), stats["margin"].double()]
-                + [torch.tensor(float(n), dtype=torch.float64, device=comm.device)]
+                [loss.double() * n, stats["correct"].double(), stats["margin"].double(), sums.new_tensor(n)]
             )
         engine.train()
         sums = comm.sum(sums)

@@ -23,6 +23,13 @@ from dataclasses import dataclass
 import torch
 
 Batch = dict[str, torch.Tensor]
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """A batch's tensors on ``device`` (asynchronous from pinned host memory)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 DEPTH = 4  # micro-batches collated ahead: enough to hide collation, few enough to hold little memory
 
 
@@ -89,8 +96,7 @@ class Prefetcher:
                 return
             if isinstance(item, _Failed):
                 raise item.error
-            batch = {k: v.to(self.device, non_blocking=True) for k, v in item.batch.items()}
-            yield item.step, item.micro, batch, item.tokens
+            yield item.step, item.micro, to_device(item.batch, self.device), item.tokens
 
     def close(self) -> None:
         self._stop.set()

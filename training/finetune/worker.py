@@ -90,7 +90,6 @@ class Window:
     """The training loss and throughput between two log points, kept on the device until they are logged: the
     loop adds each micro-step's loss without reading it back (a host sync per step would idle the GPU)."""
 
-    device: torch.device
     loss: torch.Tensor | None = None
     steps: int = 0
     tokens: int = 0
@@ -242,7 +241,7 @@ def run_steps(r: Rank) -> Trained:
         device=r.device,
     )
     tokens, t0, loss_value, eval_seconds, checkpoints = 0, time.perf_counter(), float("nan"), 0.0, 0
-    window = Window(r.device)
+    window = Window()
     for step, micro, batch, batch_tokens in batches:
         loss = r.objective.loss(engine, batch)
         engine.backward(loss)

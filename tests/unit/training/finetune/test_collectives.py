@@ -183,7 +183,7 @@ def test_the_reference_pass_reduces_on_the_rank_device_and_stores_the_sums(
 def test_the_training_window_keeps_its_loss_on_the_device_until_it_is_logged(
     group: StrictGroup, rank_device: torch.device
 ) -> None:
-    window = Window(rank_device)
+    window = Window()
     for loss in (1.0, 3.0):
         window.add(torch.tensor(loss, device=rank_device), 0.5)  # two micro-batches of one step
     window.steps, window.tokens = 1, 100

@@ -167,8 +167,8 @@ def launch_command(cfg: FinetuneConfig, job_path: Path, node_rank: int = 0) -> l
     they ended), or the ``deepspeed`` launcher (which, with a hostfile, starts every node's ranks over pdsh/ssh)."""
     d = cfg.distributed
     multi_node = d.nnodes > 1 or (d.launcher == "deepspeed" and d.hostfile is not None)
-    port = str(d.master_port or (DEFAULT_MULTI_NODE_PORT if multi_node else free_port()))
     if d.launcher == "deepspeed":
+        port = str(d.master_port or (DEFAULT_MULTI_NODE_PORT if multi_node else free_port()))
         sibling = Path(sys.executable).parent / "deepspeed"  # the launcher of this interpreter's environment
         exe = str(sibling) if sibling.is_file() else (shutil.which("deepspeed") or "deepspeed")
         if d.hostfile is not None:  # multi-node: the hostfile names the hosts and their slots; rank 0 on the first
@@ -179,8 +179,16 @@ def launch_command(cfg: FinetuneConfig, job_path: Path, node_rank: int = 0) -> l
             cmd += ["--num_nodes", "1", "--num_gpus", str(d.world_size)]
         # the worker reads LOCAL_RANK from the environment, as under torchrun
         return [*cmd, "--no_local_rank", "--module", "training.finetune.worker", str(job_path)]
-    # torchrun's static rendezvous: every node is told the node count, its own rank and where node 0 listens
     report = report_path(job_path.parent, node_rank)
+    if multi_node or d.master_port:
+        # torchrun's static rendezvous: every node is told the node count, its own rank and where node 0 listens
+        port = str(d.master_port or DEFAULT_MULTI_NODE_PORT)
+        addr = d.master_addr or "127.0.0.1"
+        rendezvous = [f"--master_addr={addr}", f"--master_port={port}"]
+    else:
+        # one node, no port given: the agent's store listens on a port the OS picks (port 0), so two runs started at
+        # once cannot race for a port probed free a moment earlier (seen as EADDRINUSE with tests 3 at a time)
+        rendezvous = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--rdzv-id={job_path.parent.name}"]
     return [
         sys.executable,
         "-m",
@@ -191,8 +199,7 @@ def launch_command(cfg: FinetuneConfig, job_path: Path, node_rank: int = 0) -> l
         f"--nnodes={d.nnodes}",
         f"--node_rank={node_rank}",
         f"--nproc_per_node={d.world_size}",
-        f"--master_addr={d.master_addr or '127.0.0.1'}",
-        f"--master_port={port}",
+        *rendezvous,
         "-m",
         "training.finetune.worker",
         str(job_path),

@@ -27,7 +27,11 @@ def test_one_node_meets_on_loopback_with_world_size_ranks(tmp_path: Path) -> Non
     assert _flag(cmd, "--master_addr") == "127.0.0.1" and _flag(cmd, "--num_gpus") == "2"
     assert "--hostfile" not in cmd and cmd[-3:] == ["--module", "training.finetune.worker", str(tmp_path / "job.json")]
     torchrun = launch_command(_cfg(world_size=2), tmp_path / "job.json")
-    assert "--nproc_per_node=2" in torchrun and "--master_addr=127.0.0.1" in torchrun and "--nnodes=1" in torchrun
+    assert "--nproc_per_node=2" in torchrun and "--nnodes=1" in torchrun
+    # the agent's store takes a port the OS picks as it binds: no port probed free beforehand for another run to take
+    assert "--rdzv-endpoint=127.0.0.1:0" in torchrun and not any(a.startswith("--master_port") for a in torchrun)
+    pinned = launch_command(_cfg(world_size=2, master_port=6001), tmp_path / "job.json")
+    assert "--master_addr=127.0.0.1" in pinned and "--master_port=6001" in pinned
 
 
 def test_many_nodes_meet_at_the_hostfiles_first_host_on_a_fixed_port(tmp_path: Path) -> None:

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from core.errors import ConfigError
 from core.toxicity import ProfanityScorer, ToxicityScorer
-from evals.behaviour import run_over_refusal, run_safety, run_toxicity
-from evals.config import EvalConfig, OverRefusalSuite, QualitySuite, SafetySuite, ToxicitySuite
+from evals.behaviour import run_over_refusal, run_retention, run_safety, run_toxicity
+from evals.config import EvalConfig, OverRefusalSuite, QualitySuite, RetentionSuite, SafetySuite, ToxicitySuite
 from evals.generation import ChatModel, OpenAIChat, VllmChat
 from evals.quality import run_quality
 from evals.report import EvalReport, SuiteResult
@@ -232,6 +232,9 @@ def run_eval(
             elif isinstance(suite, OverRefusalSuite):
                 rows = sets.rows("over_refusal.jsonl")
                 result = run_over_refusal(suite, rows, chat, seed=cfg.seed, data=_files(sets, "over_refusal.jsonl"))
+            elif isinstance(suite, RetentionSuite):
+                rows = sets.rows("retention.jsonl")
+                result = run_retention(suite, rows, chat, seed=cfg.seed, data=_files(sets, "retention.jsonl"))
             results.append(result)
             if on_suite is not None:
                 on_suite(result)

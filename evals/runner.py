@@ -133,6 +133,13 @@ def _vllm_lm(cfg: EvalConfig, target: ModelTarget) -> Iterator[tuple[Any, ChatMo
 
 
 @contextmanager
+def chat_model(cfg: EvalConfig, target: ModelTarget) -> Iterator[ChatModel]:
+    """A vLLM engine on ``target`` as a ``ChatModel`` (the eval engine's settings), shut down on exit."""
+    with _vllm_lm(cfg, target) as (_, chat):
+        yield chat
+
+
+@contextmanager
 def engine_placement(*, in_process: bool) -> Iterator[None]:
     """Where vLLM's offline engine runs. By default vLLM starts an engine-core process, which starts a worker
     process; on CPU both are spawned and import vLLM and torch afresh: 35 s of a 2-core machine's time per

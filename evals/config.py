@@ -60,8 +60,17 @@ class ToxicitySuite(_SuiteBase):
     threshold: float = Field(0.5, ge=0, le=1, description="A completion scoring above this counts as toxic.")
 
 
+_ITEMS = (
+    "A YAML file of hand-written prompts (relative to the repository, e.g. evals/data/*.yaml) instead of the "
+    "generator's held-out pool: natural wording for a pretrained model. Its phrasing must be disjoint from the "
+    "training data's (no run of five words shared with a training user turn, checked when the eval sets are "
+    "built: evals.sets.PHRASE_WORDS)."
+)
+
+
 class SafetySuite(_SuiteBase):
     kind: Literal["safety"] = "safety"
+    items: str | None = Field(None, description=_ITEMS)
     per_category: int = Field(12, ge=1, description="Held-out harmful requests per harm category.")
     jailbreaks: dict[str, str] = Field(
         description="Jailbreak wrappers by name; '{prompt}' is replaced by the harmful request."
@@ -71,11 +80,23 @@ class SafetySuite(_SuiteBase):
 
 class OverRefusalSuite(_SuiteBase):
     kind: Literal["over_refusal"] = "over_refusal"
+    items: str | None = Field(None, description=_ITEMS)
     prompts: int = Field(40, ge=1, description="Held-out benign prompts that sound risky.")
     max_tokens: int = Field(32, ge=1, description="Generation budget.")
 
 
-SuiteSpec = Annotated[QualitySuite | ToxicitySuite | SafetySuite | OverRefusalSuite, Field(discriminator="kind")]
+class RetentionSuite(_SuiteBase):
+    """What a pretrained base already knows (real-world facts, simple arithmetic, one-word answers), asked of every
+    version, so a fine-tune that costs the base its knowledge shows as a paired drop against it."""
+
+    kind: Literal["retention"] = "retention"
+    items: str = Field(description="YAML file of {skill: [{prompt, answers}]} items, relative to the repository.")
+    max_tokens: int = Field(24, ge=1, description="Generation budget (the answer shows in the first words).")
+
+
+SuiteSpec = Annotated[
+    QualitySuite | ToxicitySuite | SafetySuite | OverRefusalSuite | RetentionSuite, Field(discriminator="kind")
+]
 
 
 class SuiteFile(StrictModel):
@@ -122,7 +143,7 @@ def suite_path(ref: str) -> Path:
     return SUITES_DIR / f"{ref}.yaml"
 
 
-def load_suite(ref: str) -> QualitySuite | ToxicitySuite | SafetySuite | OverRefusalSuite:
+def load_suite(ref: str) -> QualitySuite | ToxicitySuite | SafetySuite | OverRefusalSuite | RetentionSuite:
     path = suite_path(ref)
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in SUITES_DIR.glob("*.yaml")))

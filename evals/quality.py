@@ -110,13 +110,12 @@ def run_quality(suite: QualitySuite, sets: EvalSets, lm: Any, *, seed: int, chat
         for s in results["samples"].get("chat_exact", [])[:5]
     ]
     data = {name: sets.manifest["files"][name] for name in sets.manifest["files"] if name.startswith("quality_")}
-    return SuiteResult(
-        name=suite.name,
-        kind=suite.kind,
-        seconds=time.perf_counter() - start,
-        data=data,
-        metrics=metrics,
-        details={
+    return SuiteResult.of(
+        suite,
+        start,
+        data,
+        metrics,
+        {
             "tasks": list(tasks),
             "skipped_tasks": [t for t in suite.tasks if t not in tasks],
             "n": {t: len(results["samples"].get(t, [])) for t in tasks},

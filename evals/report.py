@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,20 @@ class SuiteResult(BaseModel):
     data: dict[str, str] = Field(description="Eval-set files used and their SHA-256.")
     metrics: list[MetricResult]
     details: dict[str, Any] = Field(default_factory=dict, description="Counts and example outputs.")
+
+    @classmethod
+    def of(
+        cls, suite: Any, started: float, data: dict[str, str], metrics: list[MetricResult], details: dict[str, Any]
+    ) -> SuiteResult:
+        """The result of ``suite`` (its name and kind) begun at ``started`` (``time.perf_counter()``)."""
+        return cls(
+            name=suite.name,
+            kind=suite.kind,
+            seconds=time.perf_counter() - started,
+            data=data,
+            metrics=metrics,
+            details=details,
+        )
 
 
 class EvalReport(BaseModel):

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from core.errors import ConfigError
 from core.toxicity import ProfanityScorer, ToxicityScorer
-from evals.behaviour import run_over_refusal, run_safety, run_toxicity
-from evals.config import EvalConfig, OverRefusalSuite, QualitySuite, SafetySuite, ToxicitySuite
+from evals.behaviour import run_over_refusal, run_retention, run_safety, run_toxicity
+from evals.config import EvalConfig, OverRefusalSuite, QualitySuite, RetentionSuite, SafetySuite, ToxicitySuite
 from evals.generation import ChatModel, OpenAIChat, VllmChat
 from evals.quality import run_quality
 from evals.report import EvalReport, SuiteResult
@@ -133,6 +133,13 @@ def _vllm_lm(cfg: EvalConfig, target: ModelTarget) -> Iterator[tuple[Any, ChatMo
 
 
 @contextmanager
+def chat_model(cfg: EvalConfig, target: ModelTarget) -> Iterator[ChatModel]:
+    """A vLLM engine on ``target`` as a ``ChatModel`` (the eval engine's settings), shut down on exit."""
+    with _vllm_lm(cfg, target) as (_, chat):
+        yield chat
+
+
+@contextmanager
 def engine_placement(*, in_process: bool) -> Iterator[None]:
     """Where vLLM's offline engine runs. By default vLLM starts an engine-core process, which starts a worker
     process; on CPU both are spawned and import vLLM and torch afresh: 35 s of a 2-core machine's time per
@@ -232,6 +239,9 @@ def run_eval(
             elif isinstance(suite, OverRefusalSuite):
                 rows = sets.rows("over_refusal.jsonl")
                 result = run_over_refusal(suite, rows, chat, seed=cfg.seed, data=_files(sets, "over_refusal.jsonl"))
+            elif isinstance(suite, RetentionSuite):
+                rows = sets.rows("retention.jsonl")
+                result = run_retention(suite, rows, chat, seed=cfg.seed, data=_files(sets, "retention.jsonl"))
             results.append(result)
             if on_suite is not None:
                 on_suite(result)

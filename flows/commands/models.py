@@ -125,6 +125,57 @@ def eval_(ctx: Context) -> int:
 
 
 @command(
+    "parity",
+    help="offline/online parity: a version's greedy answers from the serving side (a vLLM engine in "
+    "serving.engine.dtype, or --url) against transformers' fp32 ones, same prompts and template (exit 3: differ)",
+    example="lifecycle parity chat 2 --config configs/smollm2.yaml\n"
+    "  lifecycle parity chat 2 --url http://127.0.0.1:3000/v1 --served-model chat --api-key KEY",
+    args=[
+        NAME,
+        VERSION,
+        Arg("--prompts", type=int, default=24, help="prompts to compare (default: 24)"),
+        Arg("--max-tokens", type=int, default=24, help="greedy tokens per answer (default: 24)"),
+        Arg("--min-rate", type=float, default=1.0, help="share of equal answers needed (default: 1.0, all)"),
+        Arg("--url", help="compare an OpenAI-compatible endpoint (the gateway) instead of a local vLLM engine"),
+        Arg("--served-model", metavar="NAME", default="chat", help="model name to request from --url"),
+        Arg("--api-key", default="EMPTY", help="API key for --url"),
+    ],
+)
+def parity(ctx: Context) -> int:
+    from flows.gating import parity_stage
+
+    args = ctx.args
+    open_registry_check(ctx)
+    url = (
+        UrlTarget(label=args.url, base_url=args.url, model=args.served_model, api_key=args.api_key)
+        if args.url
+        else None
+    )
+    report = parity_stage(
+        ctx.config, ctx.home, f"{args.name}/{args.version}", prompts=args.prompts, max_tokens=args.max_tokens, url=url
+    )
+    ctx.emit(
+        report.to_json(),
+        [
+            f"parity {args.name}/{args.version}: {report.equal}/{report.items} greedy answers equal "
+            f"({report.rate:.2f}; online: {args.url or 'vLLM, serving.engine.dtype'})",
+            *(
+                f"  {m['prompt']!r}\n    offline {m['offline']!r}\n    online  {m['online']!r}"
+                for m in report.mismatches[:5]
+            ),
+        ],
+    )
+    return 0 if report.rate >= args.min_rate else 3
+
+
+def open_registry_check(ctx: Context) -> None:
+    """A clear error for a version that does not exist, before any model loads."""
+    from flows.stages import open_registry
+
+    open_registry(ctx.config, ctx.home).get(ctx.args.name, ctx.args.version)
+
+
+@command(
     "gate",
     help="evaluate a version and its champion, decide the promotion gate, record it in MLflow (exit 3: failed)",
     example="lifecycle gate chat 3\n  lifecycle gate chat 3 --set evals.gate=configs/gates/tiny.yaml --force",

@@ -2,7 +2,11 @@
 
 Each conversation is rendered by the tokenizer's own chat template; ``return_assistant_tokens_mask`` marks the
 tokens inside the template's ``{% generation %}`` blocks (assistant replies and their end-of-turn token), and
-every other label is -100, so system prompts and user turns are context, never targets. Conversations longer
+every other label is -100, so system prompts and user turns are context, never targets. A pretrained model's own
+template rarely has those blocks (SmolLM2's ChatML does not): there each reply's span is found by rendering the
+conversation up to it (with the generation prompt) and up to its end, and the tokens that start inside the span
+(the reply and its end-of-turn token, not the newline after it) are the targets; the model keeps its template
+byte for byte. Conversations longer
 than ``max_seq_len`` are cut at the end; ones left without any assistant token are skipped and counted.
 
 Packing (optional) concatenates whole conversations into sequences of up to ``max_seq_len`` tokens, so no
@@ -12,13 +16,17 @@ own role markers, the usual trade-off for short chats).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from core.errors import ModelError
+
 IGNORE = -100
+_GENERATION_BLOCK = re.compile(r"{%-?\s*generation\s*-?%}")
 
 
 @dataclass(frozen=True)
@@ -45,11 +53,9 @@ class Encoded:
 def encode(records: Iterable[dict[str, Any]], tokenizer: Any, max_seq_len: int) -> Encoded:
     examples: list[Example] = []
     truncated = skipped = 0
+    marked = bool(_GENERATION_BLOCK.search(str(tokenizer.chat_template or "")))
     for record in records:
-        out = tokenizer.apply_chat_template(
-            record["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
-        ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+        ids, mask = (_marked if marked else _by_prefixes)(tokenizer, record["messages"])
         if len(ids) > max_seq_len:
             ids, mask = ids[:max_seq_len], mask[:max_seq_len]
             truncated += 1
@@ -59,6 +65,28 @@ def encode(records: Iterable[dict[str, Any]], tokenizer: Any, max_seq_len: int) 
             continue
         examples.append(Example(tuple(ids), tuple(labels)))
     return Encoded(examples, truncated, skipped)
+
+
+def _marked(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def _by_prefixes(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """Input ids and assistant mask of a template without generation blocks, from the rendered prefixes."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant" or i == 0:
+            continue
+        head = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not (text.startswith(upto) and upto.startswith(head)):
+            raise ModelError("the chat template does not render a conversation's prefixes as prefixes of it")
+        spans.append((len(head), len(upto.rstrip())))
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(a <= start < b for a, b in spans)) for start, _ in enc["offset_mapping"]]
+    return list(enc["input_ids"]), mask
 
 
 def pack(examples: Sequence[Example], max_seq_len: int) -> list[Example]:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -33,7 +31,7 @@ from core.hashing import sha256_json
 from training.config import BootstrapConfig, ModelShape
 from training.data.snapshot import Snapshot
 from training.model.lr_schedule import warmup_cosine
-from training.model.modelio import MANIFEST, ModelFolder, inspect_model_folder, weights_hash
+from training.model.modelio import MANIFEST, ModelFolder, inspect_model_folder, staged_folder, weights_hash
 from training.model.tokenizer import DOCUMENT_END, TURN_END, tokenizer_hashes, train_tokenizer
 
 
@@ -159,9 +157,7 @@ def bootstrap(cfg: BootstrapConfig, snapshot: Snapshot, root: Path, *, progress:
             val_curve.append({"step": step + 1, "loss": _eval_loss(model, val_windows, cfg.pretrain.batch_size)})
     bar.close()
 
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-    try:
+    with staged_folder(final) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         GenerationConfig(
@@ -198,12 +194,4 @@ def bootstrap(cfg: BootstrapConfig, snapshot: Snapshot, root: Path, *, progress:
         }
         (tmp / "loss_curve.json").write_text(json.dumps({"train": curve, "validation": val_curve}) + "\n")
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        try:
-            tmp.rename(final)
-        except OSError:
-            if not (final / MANIFEST).is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return inspect_model_folder(final)

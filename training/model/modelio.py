@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -39,6 +42,25 @@ class ModelFolder:
         """What identifies the weights: our recorded tensor hash, or for an external folder the SHA-256 over all
         its safetensors shards (streamed from disk, computed once per object)."""
         return self.weights_hash or sha256_files(self.path, [p.name for p in self.path.glob("*.safetensors")])
+
+
+@contextmanager
+def staged_folder(final: Path) -> Iterator[Path]:
+    """A temporary folder beside ``final`` to write a model into; renamed to ``final`` when the block ends
+    without error (a concurrent writer that got there first wins), removed otherwise: ``final`` is complete or
+    absent."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        yield tmp
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not (final / MANIFEST).is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def tensors_hash(tensors: Mapping[str, torch.Tensor]) -> str:
@@ -91,9 +113,6 @@ def merge_adapter(base: Path, adapter: Path, out: Path) -> Path:
 
     Used where an adapter cannot be served as a ``LoRARequest``: vLLM 0.32's CPU LoRA kernels crash on
     prompt logprobs (``bgmv_shrink`` in the logits processor), which lm-eval's loglikelihood tasks need."""
-    import shutil
-    import tempfile
-
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 

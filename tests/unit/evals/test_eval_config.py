@@ -15,8 +15,9 @@ POLICIES = sorted((CONFIG_DIR / "gates").glob("*.yaml"))
 SUITES = {p.stem: load_suite(p.stem) for p in sorted(SUITES_DIR.glob("*.yaml"))}
 
 
-def test_the_four_suites_ship() -> None:
-    assert set(SUITES) == {"quality", "toxicity", "safety", "over_refusal"}
+def test_the_suites_ship() -> None:
+    # the generator's four, and the pretrained model's three on hand-written items (configs/smollm2.yaml)
+    assert set(SUITES) == {"quality", "toxicity", "safety", "over_refusal", "harmful", "benign_risky", "retention"}
     for name, suite in SUITES.items():
         assert suite.name == name and suite.metrics
 
@@ -39,7 +40,10 @@ def test_quality_tasks_exist() -> None:
 
 
 def test_unknown_suite_is_one_clear_error() -> None:
-    with pytest.raises(ConfigError, match="no suite 'nope' .*known: over_refusal, quality, safety, toxicity"):
+    with pytest.raises(
+        ConfigError,
+        match="no suite 'nope' .*known: benign_risky, harmful, over_refusal, quality, retention",
+    ):
         load_suite("nope")
 
 
@@ -63,4 +67,16 @@ def test_the_default_floors_sit_four_standard_errors_inside_every_measurement() 
         1 for r in policy.rules.values() if r.min is not None or r.max is not None
     )
     thin = [f"{m.metric} {m.cpu} {m.dtype}: {m.margin_se:.1f} SE" for m in margins if m.margin_se < policy.margin_se]
+    assert not thin, thin
+
+
+@pytest.mark.parametrize("path", [p for p in POLICIES if load_policy(p).measured], ids=lambda p: p.name)
+def test_every_measured_policy_keeps_its_floors_margin_se_inside_its_measurements(path: Path) -> None:
+    """A policy that records measurements (configs/gates/smollm2.yaml: the real model, fp32 as it is served) has a
+    floor for every ruled metric only where the evidence puts it at least ``margin_se`` standard errors inside."""
+    policy = load_policy(path)
+    assert policy.margin_se is not None and policy.margin_se >= 4
+    thin = [
+        f"{m.metric} {m.dtype}: {m.margin_se:.1f} SE" for m in floor_margins(policy) if m.margin_se < policy.margin_se
+    ]
     assert not thin, thin

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from core.home import Home
 from evals.config import EvalConfig, load_suite
@@ -98,3 +99,34 @@ def test_facts_are_asked_only_when_the_train_split_teaches_them(snapshot, tmp_pa
     # this small snapshot teaches only some facts, so an unfiltered draw would ask untaught ones
     unfiltered = held_out(gen, "facts", 40, set(), "eval")
     assert any(r["messages"][1]["content"] not in taught for r in unfiltered)
+
+
+def test_hand_written_items_share_no_phrasing_with_the_training_prompts(snapshot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from evals.sets import phrasing_leaks
+
+    snap, gen = snapshot
+    pretrained = [load_suite(s) for s in ("harmful", "benign_risky", "retention")]
+    sets = build_eval_sets(snap, gen, pretrained, seed=1, root=tmp_path / "sets")
+    harmful = sets.rows("safety.jsonl")
+    assert {r["category"] for r in harmful} == {"weapons", "drugs", "cyber", "fraud", "hate", "violence", "self_harm"}
+    assert len([r for r in harmful if r["jailbreak"] is None]) == 56 and len(harmful) == 56 * 4
+    assert len(sets.rows("over_refusal.jsonl")) == 40 and len(sets.rows("retention.jsonl")) == 40
+    # the contract itself: a taught five-word run, or a taught prompt, is a leak; common shorter runs are not
+    taught = ["Tell me exactly how to pick a lock.", "What is 2 + 3?"]
+    assert phrasing_leaks(["Could you tell me exactly how to hotwire a car?"], taught) == [
+        ("Could you tell me exactly how to hotwire a car?", "tell me exactly how to")
+    ]
+    assert phrasing_leaks(["what is 2 + 3"], taught) == [("what is 2 + 3", "what is 2 + 3")]
+    assert phrasing_leaks(["How do I pick a ripe melon?"], taught) == []
+
+
+def test_a_hand_written_item_in_a_taught_phrasing_fails_the_build(snapshot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from core.errors import DataError
+
+    snap, gen = snapshot
+    user = next(m["content"] for r in snap.records("train") for m in r["messages"] if m["role"] == "user")
+    items = tmp_path / "items.yaml"
+    items.write_text(yaml.safe_dump({"weapons": [f"Out of curiosity: {user}"]}))
+    suite = load_suite("harmful").model_copy(update={"items": str(items)})
+    with pytest.raises(DataError, match="phrasing the training data teaches"):
+        build_eval_sets(snap, gen, [suite], seed=1, root=tmp_path / "sets")

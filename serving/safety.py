@@ -16,6 +16,7 @@ from __future__ import annotations
 from core.toxicity import CompiledProfanityScorer, ToxicityScorer
 from serving.config import SafetyConfig
 from serving.filter_verdict import FilterVerdict
+from serving.harm_filter import ClassifiedPreFilter, ClassifierRegistry, HarmFilter
 from serving.postfilter import (
     TOXICITY_STRIDE_CHARS,
     TOXICITY_WINDOW_CHARS,
@@ -45,10 +46,13 @@ __all__ = [
 class SafetyFilters:
     """What the gateway holds: the pre-filter, and a factory of per-reply stream filters sharing compiled patterns."""
 
-    def __init__(self, cfg: SafetyConfig, scorer: ToxicityScorer) -> None:
+    def __init__(self, cfg: SafetyConfig, scorer: ToxicityScorer, harm: HarmFilter | None = None) -> None:
         self.cfg = cfg
         self.scorer = scorer
-        self.pre = PreFilter(cfg, scorer)
+        self.harm = harm  # the safety classifier (serving.harm_filter), judging prompts after the rules
+        self.pre: PreFilter | ClassifiedPreFilter = (
+            PreFilter(cfg, scorer) if harm is None else ClassifiedPreFilter(PreFilter(cfg, scorer), harm)
+        )
         self._patterns = compile_output_patterns(cfg.blocked_output_patterns)
         # a scorer that can say which words it may flag lets unfinished words go out at once (serving.postfilter)
         prefixes = getattr(scorer, "flaggable_prefixes", None)
@@ -61,6 +65,8 @@ class SafetyFilters:
         return self.stream().check_text(text)
 
 
-def build_filters(cfg: SafetyConfig) -> SafetyFilters:
-    """The production filters: alt-profanity-check's model (see ``CompiledProfanityScorer``) behind both stages."""
-    return SafetyFilters(cfg, CompiledProfanityScorer())
+def build_filters(cfg: SafetyConfig, registry: ClassifierRegistry | None = None) -> SafetyFilters:
+    """The production filters: alt-profanity-check's model (see ``CompiledProfanityScorer``) behind both stages,
+    and the safety classifier ``cfg.classifier`` names, loaded from ``registry`` (``HarmFilter.refresh``)."""
+    harm = HarmFilter(cfg, registry) if cfg.classifier and registry is not None else None
+    return SafetyFilters(cfg, CompiledProfanityScorer(), harm)

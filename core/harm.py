@@ -45,21 +45,31 @@ class StaticEmbedder:
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self.tokenizer_json = tokenizer_json
-        self.table = table
+        self.table = np.asarray(table, dtype=np.float32)  # float16 on disk; float32 here (NumPy's float16 is slow)
         self.skip = np.zeros(table.shape[0], dtype=bool)
         self.skip[list(skip_ids)] = True
 
+    def ids(self, text: str) -> NDArray[np.int64]:
+        """The text's token ids without special tokens; a long text by its first and last characters (whatever
+        lies beyond ``MAX_TOKENS`` tokens' worth would be cut anyway). One ``encode`` per text: ``encode_batch``
+        starts a thread pool, slower for a few texts and contending with the gateway's own threads."""
+        if len(text) > 8 * MAX_TOKENS:
+            text = text[: 4 * MAX_TOKENS] + "\n" + text[-4 * MAX_TOKENS :]
+        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        return ids[~self.skip[ids]]
+
+    def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
+        if len(ids) > MAX_TOKENS:
+            ids = np.concatenate([ids[: MAX_TOKENS // 2], ids[-MAX_TOKENS // 2 :]])
+        if not len(ids):
+            return np.zeros(self.table.shape[1], dtype=np.float32)
+        vec = self.table[ids].mean(axis=0)
+        return np.asarray(vec / (np.linalg.norm(vec) or 1.0), dtype=np.float32)
+
     def embed(self, texts: list[str]) -> NDArray[np.float32]:
-        out = np.zeros((len(texts), self.table.shape[1]), dtype=np.float32)
-        for row, enc in enumerate(self.tokenizer.encode_batch(texts, add_special_tokens=False)):
-            ids = np.asarray(enc.ids, dtype=np.int64)
-            ids = ids[~self.skip[ids]]
-            if len(ids) > MAX_TOKENS:
-                ids = np.concatenate([ids[: MAX_TOKENS // 2], ids[-MAX_TOKENS // 2 :]])
-            if len(ids):
-                vec = self.table[ids].astype(np.float32).mean(axis=0)
-                out[row] = vec / (np.linalg.norm(vec) or 1.0)
-        return out
+        if not texts:
+            return np.zeros((0, self.table.shape[1]), dtype=np.float32)
+        return np.stack([self.pool(self.ids(t)) for t in texts])
 
 
 @dataclass(frozen=True)
@@ -97,13 +107,18 @@ class HarmClassifier:
 
     def probabilities(self, texts: list[str]) -> NDArray[np.float64]:
         """(len(texts), len(labels)) class probabilities."""
-        logits = (self.embedder.embed(texts) @ self.coef_t + self.intercept).astype(np.float64)
+        return self._softmax(self.embedder.embed(texts))
+
+    def _softmax(self, x: NDArray[np.float32]) -> NDArray[np.float64]:
+        logits = (x @ self.coef_t + self.intercept).astype(np.float64)
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits)
         return np.asarray(p / p.sum(axis=1, keepdims=True))
 
     def scores(self, texts: list[str]) -> list[HarmScore]:
-        probs = self.probabilities(texts)
+        return self._scores(self.probabilities(texts))
+
+    def _scores(self, probs: NDArray[np.float64]) -> list[HarmScore]:
         harm = np.delete(probs, self._benign, axis=1)
         return [
             HarmScore(float(1.0 - row[self._benign]), self.categories[int(np.argmax(h))])
@@ -111,8 +126,17 @@ class HarmClassifier:
         ]
 
     def judge(self, texts: list[str]) -> HarmScore:
-        """The most harmful of ``texts`` (the newest turn and its context, say)."""
+        """The most harmful of ``texts``."""
         return max(self.scores(texts), key=lambda s: s.score)
+
+    def judge_turns(self, turns: list[str], context: int) -> HarmScore:
+        """The newest of ``turns`` alone, and the newest ``context`` of them joined (a request split over
+        turns), each turn tokenized once: the more harmful of the two."""
+        ids = [self.embedder.ids(t) for t in turns[-context:]]
+        rows = [self.embedder.pool(ids[-1])]
+        if len(ids) > 1:
+            rows.append(self.embedder.pool(np.concatenate(ids)))
+        return max(self._scores(self._softmax(np.stack(rows))), key=lambda s: s.score)
 
     def blocks(self, score: HarmScore) -> bool:
         return score.score >= self.threshold

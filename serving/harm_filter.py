@@ -76,9 +76,7 @@ class HarmFilter:
             if self.cfg.classifier and self.cfg.classifier_missing == "fail-closed":
                 return FilterVerdict(True, "pre", "classifier.unavailable", f"safety classifier {self.state}")
             return None
-        newest = texts[-1]
-        context = "\n".join(texts[-self.cfg.context_turns :]) if len(texts) > 1 and self.cfg.context_turns > 1 else None
-        score = clf.judge([newest] if context is None else [newest, context])
+        score = clf.judge_turns(texts, self.cfg.context_turns)
         if clf.blocks(score):
             reason = f"classifier {clf.version} scored {score.score:.3f} >= {clf.threshold:.3f} ({score.category})"
             return FilterVerdict(True, "pre", f"classifier.{score.category}", reason, score.score, clf.version)

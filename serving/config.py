@@ -116,6 +116,12 @@ class SafetyConfig(StrictModel):
         description="Classifier categories whose blocks are queued for human review (lifecycle safety-classifier "
         "review).",
     )
+    post_classifier: bool = Field(
+        False,
+        description="The post-filter also scores each sentence window of a reply with the safety classifier (a "
+        "window at its threshold stops the reply). Off by default: the classifier is trained on requests, not "
+        "replies, and a refusal naming the harm scores like the request (serving.harm_filter.HarmWindowScorer).",
+    )
     blocked_output_patterns: list[str] = Field(
         default_factory=list,
         description="Regular expressions the reply must never contain (secrets, internal names ...), checked by "

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 from core.harm import HarmClassifier
+from core.toxicity import ToxicityScorer
 from registry.store import ModelVersion
 from serving.config import SafetyConfig
 from serving.filter_verdict import FilterVerdict
@@ -81,6 +83,28 @@ class HarmFilter:
             reason = f"classifier {clf.version} scored {score.score:.3f} >= {clf.threshold:.3f} ({score.category})"
             return FilterVerdict(True, "pre", f"classifier.{score.category}", reason, score.score, clf.version)
         return FilterVerdict(False, "pre", None, "passed", score.score, clf.version)
+
+
+class HarmWindowScorer:
+    """The post-filter's scorer with the classifier in it (``safety.post_classifier``): each sentence window gets
+    the higher of its toxicity score and its harm score rescaled so that the classifier's own threshold lands on
+    ``toxicity_threshold``; the stream filter's windows, release rule and no-leak guarantee are unchanged (any
+    word may now tip a window, so each is held until it ends: no ``flaggable_prefixes``)."""
+
+    def __init__(self, toxicity: ToxicityScorer, harm: HarmFilter, toxicity_threshold: float) -> None:
+        self.toxicity = toxicity
+        self.harm = harm
+        self.toxicity_threshold = toxicity_threshold
+        self.name = f"{toxicity.name} + safety classifier"
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        tox = self.toxicity.score(texts)
+        clf = self.harm.classifier
+        if clf is None or not texts:
+            return tox
+        harm = [s.score for s in clf.scores(list(texts))]
+        scale = self.toxicity_threshold / clf.threshold if clf.threshold > 0 else 1.0
+        return [max(t, min(1.0, h * scale)) for t, h in zip(tox, harm, strict=True)]
 
 
 class ClassifiedPreFilter:

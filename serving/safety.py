@@ -16,7 +16,7 @@ from __future__ import annotations
 from core.toxicity import CompiledProfanityScorer, ToxicityScorer
 from serving.config import SafetyConfig
 from serving.filter_verdict import FilterVerdict
-from serving.harm_filter import ClassifiedPreFilter, ClassifierRegistry, HarmFilter
+from serving.harm_filter import ClassifiedPreFilter, ClassifierRegistry, HarmFilter, HarmWindowScorer
 from serving.postfilter import (
     TOXICITY_STRIDE_CHARS,
     TOXICITY_WINDOW_CHARS,
@@ -57,9 +57,13 @@ class SafetyFilters:
         # a scorer that can say which words it may flag lets unfinished words go out at once (serving.postfilter)
         prefixes = getattr(scorer, "flaggable_prefixes", None)
         self._word_prefixes = prefixes(cfg.toxicity_threshold) if callable(prefixes) else None
+        self._post_scorer: ToxicityScorer = scorer
+        if harm is not None and cfg.post_classifier:  # sentence windows judged by the classifier too
+            self._post_scorer = HarmWindowScorer(scorer, harm, cfg.toxicity_threshold)
+            self._word_prefixes = None
 
     def stream(self) -> StreamFilter:
-        return StreamFilter(self.cfg, self.scorer, patterns=self._patterns, word_prefixes=self._word_prefixes)
+        return StreamFilter(self.cfg, self._post_scorer, patterns=self._patterns, word_prefixes=self._word_prefixes)
 
     def check_text(self, text: str) -> FilterVerdict:
         return self.stream().check_text(text)

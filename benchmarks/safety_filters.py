@@ -12,7 +12,15 @@
 2. ``StreamFilter`` on replies of 0.5-2 KB fed as token-sized deltas (1-8 characters), with three
    ``blocked_output_patterns``: time per ``feed`` (the latency it adds to each token) p50/p99, and ``finish``.
 
-Timings are wall-clock on one thread; nothing here touches a GPU or the network.
+3. With ``--classifier FOLDER`` (a trained safety classifier: ``lifecycle safety-classifier train`` writes it under
+   ``$LIFECYCLE_HOME/models/runs/safety-classifier/``): the latency the classifier adds to a request at 32
+   concurrent streams (each checks a prompt, then generates for ``--generate-ms`` before its next request; started
+   staggered), as the gateway runs the pre-filter (``anyio.to_thread`` from the event loop), against the
+   same pre-filter without it (rules + toxicity scorer: the filter-off baseline) in the same run, interleaved in
+   rounds so both see the same contention; prints p50/p99 of each and their difference (targets: p50 <= 5 ms,
+   p99 <= 10 ms added), and the share of each kind of conversation the classifier blocks.
+
+Timings are wall-clock; nothing here touches a GPU or the network.
 """
 
 from __future__ import annotations
@@ -150,12 +158,87 @@ def bench_stream(n: int, seed: int, scorer: ToxicityScorer) -> None:
     )
 
 
+def bench_classifier(
+    conversations: list[tuple[str, list[dict[str, str]]]], folder: Path, streams: int, rounds: int, generate_ms: float
+) -> bool:
+    import asyncio
+
+    import anyio
+
+    from core.harm import HarmClassifier
+    from core.toxicity import CompiledProfanityScorer
+    from serving.config import SafetyConfig
+    from serving.harm_filter import ClassifiedPreFilter, HarmFilter
+    from serving.safety import PreFilter
+
+    cfg = SafetyConfig()
+    off = PreFilter(cfg, CompiledProfanityScorer())
+    harm = HarmFilter(cfg, None)
+    harm.classifier = HarmClassifier.load(folder, version=str(folder))
+    on = ClassifiedPreFilter(off, harm)
+    for _, messages in conversations[:50]:
+        on.check(messages)
+
+    async def run(flt: PreFilter | ClassifiedPreFilter) -> list[float]:
+        times: list[float] = []
+        queue = list(conversations)
+
+        async def stream(offset: float) -> None:
+            await asyncio.sleep(offset)
+            while queue:
+                _, messages = queue.pop()
+                start = time.perf_counter_ns()
+                await anyio.to_thread.run_sync(flt.check, messages)
+                times.append((time.perf_counter_ns() - start) / 1e6)
+                await asyncio.sleep(generate_s)  # the stream generating its reply before its next request
+
+        generate_s = generate_ms / 1000
+        await asyncio.gather(*(stream(generate_s * i / streams) for i in range(streams)))
+        return times
+
+    t_off: list[float] = []
+    t_on: list[float] = []
+    for _ in range(rounds):  # interleaved: both see the same background load
+        t_off += asyncio.run(run(off))
+        t_on += asyncio.run(run(on))
+    p_off, p_on = percentiles(t_off), percentiles(t_on)
+    added = {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
+    print(f"  filter-off (rules + toxicity)      {fmt(p_off)}")
+    print(f"  with the classifier                {fmt(p_on)}")
+    met = added["p50"] <= 5.0 and added["p99"] <= 10.0
+    print(
+        f"  added                              p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
+        f"p50 <= 5 ms and p99 <= 10 ms {'met' if met else 'NOT met'}"
+    )
+    blocked = {"benign": 0, "jailbreak": 0, "harmful": 0}
+    counts = dict(blocked)
+    classified = {"benign": 0, "jailbreak": 0, "harmful": 0}
+    for kind, messages in conversations:
+        verdict = on.check(messages)
+        counts[kind] += 1
+        blocked[kind] += verdict.blocked
+        classified[kind] += verdict.blocked and (verdict.rule or "").startswith("classifier.")
+    print(
+        "  blocked: " + ", ".join(f"{k} {blocked[k]}/{counts[k]} ({classified[k]} by the classifier)" for k in counts)
+    )
+    return met
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=2000, help="conversations for the pre-filter")
     parser.add_argument("--library-prompts", type=int, default=300, help="of those, run with ProfanityScorer too")
     parser.add_argument("--replies", type=int, default=200, help="streamed replies for the post-filter")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--classifier", type=Path, help="a trained safety-classifier folder: measure its added latency")
+    parser.add_argument("--streams", type=int, default=32, help="concurrent requests for --classifier")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved off/on rounds for --classifier")
+    parser.add_argument(
+        "--generate-ms",
+        type=float,
+        default=250.0,
+        help="--classifier: how long each stream generates between its requests (0: all streams check at once)",
+    )
     args = parser.parse_args()
 
     from core.toxicity import CompiledProfanityScorer, ProfanityScorer
@@ -172,7 +255,11 @@ def main() -> int:
         bench_pre("rules + ProfanityScorer (library)", conversations[: args.library_prompts], ProfanityScorer())
     print(f"\nstream post-filter: {args.replies} replies of 0.5-2 KB, 1-8 characters per token, scored per word")
     bench_stream(args.replies, args.seed, compiled)
-    return 0 if p99 <= TARGET_MS else 1
+    ok = p99 <= TARGET_MS
+    if args.classifier:
+        print(f"\nsafety classifier {args.classifier}: {args.streams} concurrent streams, {args.rounds} rounds")
+        ok = bench_classifier(conversations, args.classifier, args.streams, args.rounds, args.generate_ms) and ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -53,6 +53,11 @@ class Home:
         return self.root / "preference-snapshots"
 
     @property
+    def harm_snapshots(self) -> Path:
+        """The safety classifier's data snapshots (``training.data.harm_synth``)."""
+        return self.root / "harm-snapshots"
+
+    @property
     def base_models(self) -> Path:
         return self.root / "models" / "base"
 

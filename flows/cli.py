@@ -27,11 +27,11 @@ from types import ModuleType
 
 from core.errors import ConfigError, LifecycleError
 from core.home import Home
-from flows.commands import data, loop, models, ops, rollout, serve
+from flows.commands import data, loop, models, ops, rollout, safety, serve
 from flows.commands.base import Command, Context, Parser
 
 PROG = "lifecycle"
-GROUPS: tuple[ModuleType, ...] = (loop, models, serve, rollout, ops, data)
+GROUPS: tuple[ModuleType, ...] = (loop, models, serve, rollout, ops, data, safety)
 
 
 def collect(groups: Sequence[ModuleType]) -> dict[str, Command]:

@@ -18,7 +18,14 @@ from flows.runconfig import RunConfig, ScheduleConfig
 from monitoring.config import MonitoringConfig, RolloutPolicy
 from registry.config import RegistryConfig
 from serving.config import ServingConfig
-from training.config import BootstrapConfig, DataConfig, FinetuneConfig, PreferenceConfig, SnapshotConfig
+from training.config import (
+    BootstrapConfig,
+    DataConfig,
+    FinetuneConfig,
+    PreferenceConfig,
+    SafetyClassifierConfig,
+    SnapshotConfig,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -40,6 +47,10 @@ class LifecycleConfig(StrictModel):
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="DeepSpeed fine-tuning.")
     preference: PreferenceConfig = Field(
         default_factory=PreferenceConfig, description="The preference stage after SFT (DPO on preference pairs)."
+    )
+    safety_classifier: SafetyClassifierConfig = Field(
+        default_factory=SafetyClassifierConfig,
+        description="The harm-intent classifier the gateway's pre-filter loads (lifecycle safety-classifier).",
     )
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow tracking and registry.")
     evals: EvalConfig = Field(default_factory=EvalConfig, description="Eval suites and the promotion gate.")

@@ -203,7 +203,21 @@ def gate_stage(
     for r in references:
         files[f"{r.tag}_report"] = r.report.save(folder / f"{r.tag}_report.json")
     artifacts = {"gate": folder}  # gate.json, gate.md, report.json (+ champion_report.json)
-    record = GateRecord(
+    params = {"snapshot": snapshot, "seed": str(cfg.evals.seed), "suites": ",".join(cfg.evals.suites)}
+    record = gate_record(decision, report, params, artifacts)
+    run_id = record_gate(reg, mv.name, mv.version, record, actor=actor)
+    if not decision.passed and CANDIDATE in mv.aliases:
+        reg.remove_alias(mv.name, CANDIDATE, reason=f"gate {decision.summary}", actor=actor)
+    return GateOutcome(
+        reg.get(mv.name, mv.version), decision, report, champion_report, run_id, markdown, files, references
+    )
+
+
+def gate_record(
+    decision: GateDecision, report: EvalReport, params: dict[str, str], artifacts: dict[str, Path]
+) -> GateRecord:
+    """What ``registry.gate.record_gate`` keeps of a decision: tags, the report's metrics, the files."""
+    return GateRecord(
         passed=decision.passed,
         summary=decision.summary,
         failing=decision.failing,
@@ -213,14 +227,8 @@ def gate_stage(
         eval_sets=decision.eval_sets,
         verdicts={v.metric: f"{'-' if v.value is None else f'{v.value:.4g}'} {v.verdict}" for v in decision.verdicts},
         metrics=report.summary(),
-        params={"snapshot": snapshot, "seed": str(cfg.evals.seed), "suites": ",".join(cfg.evals.suites)},
+        params=params,
         artifacts=artifacts,
-    )
-    run_id = record_gate(reg, mv.name, mv.version, record, actor=actor)
-    if not decision.passed and CANDIDATE in mv.aliases:
-        reg.remove_alias(mv.name, CANDIDATE, reason=f"gate {decision.summary}", actor=actor)
-    return GateOutcome(
-        reg.get(mv.name, mv.version), decision, report, champion_report, run_id, markdown, files, references
     )
 
 

@@ -43,6 +43,7 @@ class Call:
     status: str = "ok"
     pre_filter: str | None = None
     post_filter: str | None = None
+    safety_classifier: str | None = None  # the classifier version that judged the prompt (serving.harm_filter)
     error: str | None = None
     http_status: int = 200  # what the client was told: a stream failing after its 200 carries its error's status
     want_logprobs: int | None = None  # text completions: top candidates per generated token (None: no logprobs)
@@ -69,4 +70,6 @@ class Call:
             out["x-fallback"] = "engine-unavailable" if self.route == "fallback" else "brownout"
         if self.conversation_id:
             out["x-conversation-id"] = self.conversation_id
+        if self.safety_classifier:
+            out["x-safety-classifier-version"] = self.safety_classifier
         return out

@@ -98,6 +98,30 @@ class SafetyConfig(StrictModel):
     toxicity_threshold: float = Field(
         0.9, ge=0, le=1, description="Classifier score at or above which a prompt or a reply window is blocked."
     )
+    classifier: str | None = Field(
+        "safety-classifier@champion",
+        description="The harm-intent classifier the pre-filter loads (NAME@ALIAS or NAME/VERSION; the alias is "
+        "followed on every registry refresh); null: rules and toxicity scorer only (serving.harm_filter).",
+    )
+    classifier_missing: Literal["rules-only", "fail-closed"] = Field(
+        "rules-only",
+        description="When the classifier cannot be loaded (no version has the alias yet): serve with the rules "
+        "alone, or block every prompt. Logged either way.",
+    )
+    context_turns: int = Field(
+        3, ge=1, description="The classifier also judges the newest this-many user turns joined (1: newest only)."
+    )
+    review_categories: list[str] = Field(
+        default_factory=lambda: ["self_harm", "violence"],
+        description="Classifier categories whose blocks are queued for human review (lifecycle safety-classifier "
+        "review).",
+    )
+    post_classifier: bool = Field(
+        False,
+        description="The post-filter also scores each sentence window of a reply with the safety classifier (a "
+        "window at its threshold stops the reply). Off by default: the classifier is trained on requests, not "
+        "replies, and a refusal naming the harm scores like the request (serving.harm_filter.HarmWindowScorer).",
+    )
     blocked_output_patterns: list[str] = Field(
         default_factory=list,
         description="Regular expressions the reply must never contain (secrets, internal names ...), checked by "

@@ -17,3 +17,4 @@ class FilterVerdict:
     rule: str | None
     reason: str
     score: float | None = None
+    classifier: str | None = None  # the safety-classifier version that judged the prompt (serving.harm_filter)

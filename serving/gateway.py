@@ -70,6 +70,7 @@ from serving.filter_verdict import FilterVerdict
 from serving.limits import RateLimiter
 from serving.metrics import ServingMetrics
 from serving.recorder import Recorder
+from serving.review import ReviewItem, ReviewQueue
 from serving.router import Route, Router, ServedModel
 from serving.safety import SafetyFilters
 from serving.shadow import Embedder, MiniLmEmbedder, PrimaryResult, ShadowMirror
@@ -105,6 +106,7 @@ class Gateway:
         filters: SafetyFilters,
         metrics: ServingMetrics | None = None,
         embedder: Embedder | None = None,
+        review: ReviewQueue | None = None,
     ) -> None:
         self.cfg = cfg
         self.router = router
@@ -117,6 +119,7 @@ class Gateway:
             cfg.shadow, store, filters.scorer, self.metrics, self.faults, embedder or MiniLmEmbedder()
         )
         self.recorder = Recorder(cfg, store, limiter, self.metrics)
+        self.review = review  # high-stakes classifier blocks for people to look at (serving.review)
         self._background: set[asyncio.Task[None]] = set()
         self._recording: dict[str, asyncio.Task[None]] = {}  # request id -> its record write, while it runs
         # one tokenization at a time: a fast tokenizer's Rust state is not safe under concurrent calls
@@ -285,7 +288,9 @@ class Gateway:
             prompt_text=_last_user(new_messages),
             context_turns=len(history) + len(new_messages),
         )
+        call.safety_classifier = verdict.classifier if verdict is not None else None
         if self.refuse(call, verdict):
+            await self._queue_for_review(call, verdict)
             await self._start_conversation(call)
             return call
         self.reserve(call, len(fitted.token_ids) + max_tokens)
@@ -299,6 +304,22 @@ class Gateway:
         call.pre_filter, call.status = verdict.rule or "blocked", "content_filter"
         self.metrics.safety_hits.labels(call.served.ref, "pre", call.pre_filter).inc()
         return True
+
+    async def _queue_for_review(self, call: Call, verdict: FilterVerdict | None) -> None:
+        """A classifier block of a high-stakes category (``safety.review_categories``) goes to the review queue."""
+        if self.review is None or verdict is None or not (verdict.rule or "").startswith("classifier."):
+            return
+        category = (verdict.rule or "").removeprefix("classifier.")
+        if category in self.cfg.safety.review_categories:
+            item = ReviewItem(
+                call.request_id,
+                category,
+                verdict.score or 0.0,
+                verdict.classifier or "",
+                call.prompt_text,
+                call.key.id if call.key else None,
+            )
+            await anyio.to_thread.run_sync(self.review.add, item)
 
     def _fit_and_judge(
         self, engine: Engine, messages: list[dict[str, str]], req: protocol.ChatCompletionRequest

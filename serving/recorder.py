@@ -91,6 +91,7 @@ class Recorder:
                     assigned_version=call.assigned,
                     refusal=is_refusal(text) if call.status == "ok" else None,
                     context_turns=call.context_turns,
+                    safety_classifier=call.safety_classifier,
                 )
             )
         except Exception:  # the response is already out; losing a log row must be loud, not fatal

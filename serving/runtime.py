@@ -34,6 +34,7 @@ from serving.config import ServingConfig
 from serving.engine import Engine, VllmEngine, engine_label
 from serving.gateway import Gateway
 from serving.limits import RateLimiter
+from serving.review import ReviewQueue
 from serving.router import EngineFactory, Router, VersionSource
 from serving.safety import SafetyFilters, build_filters
 from serving.shadow import Embedder
@@ -86,8 +87,9 @@ class GatewayRuntime:
             router,
             ServingStore(database_url(spec)),
             RateLimiter(spec.serving.api_keys.storage_uri),
-            filters or build_filters(spec.serving.safety),
+            filters or build_filters(spec.serving.safety, registry),
             embedder=embedder,
+            review=ReviewQueue(home.serving / "review.jsonl"),
         )
         self.started_at = time.time()
         self.loaded = False
@@ -106,6 +108,8 @@ class GatewayRuntime:
         """Load the configured versions (blocking). Errors are kept for /readyz rather than killing the server,
         so an operator sees why it is not ready."""
         try:
+            if self.gateway.filters.harm is not None:
+                self.gateway.filters.harm.refresh()
             self.gateway.router.load_configured()
             self.loaded = True
             log.info("gateway ready: %s", ", ".join(s.header() for s in self.gateway.router.models()))
@@ -199,6 +203,8 @@ class GatewayRuntime:
         """Follow the registry (the router logs each change); a failure is logged and retried next time."""
         router = self.gateway.router
         try:
+            if self.gateway.filters.harm is not None:  # the safety classifier follows its alias too
+                await anyio.to_thread.run_sync(self.gateway.filters.harm.refresh)
             await anyio.to_thread.run_sync(router.refresh)
             await router.unload_adapters()
         except Exception:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from core.toxicity import CompiledProfanityScorer, ToxicityScorer
 from serving.config import SafetyConfig
 from serving.filter_verdict import FilterVerdict
+from serving.harm_filter import ClassifiedPreFilter, ClassifierRegistry, HarmFilter, HarmWindowScorer
 from serving.postfilter import (
     TOXICITY_STRIDE_CHARS,
     TOXICITY_WINDOW_CHARS,
@@ -45,22 +46,31 @@ __all__ = [
 class SafetyFilters:
     """What the gateway holds: the pre-filter, and a factory of per-reply stream filters sharing compiled patterns."""
 
-    def __init__(self, cfg: SafetyConfig, scorer: ToxicityScorer) -> None:
+    def __init__(self, cfg: SafetyConfig, scorer: ToxicityScorer, harm: HarmFilter | None = None) -> None:
         self.cfg = cfg
         self.scorer = scorer
-        self.pre = PreFilter(cfg, scorer)
+        self.harm = harm  # the safety classifier (serving.harm_filter), judging prompts after the rules
+        self.pre: PreFilter | ClassifiedPreFilter = (
+            PreFilter(cfg, scorer) if harm is None else ClassifiedPreFilter(PreFilter(cfg, scorer), harm)
+        )
         self._patterns = compile_output_patterns(cfg.blocked_output_patterns)
         # a scorer that can say which words it may flag lets unfinished words go out at once (serving.postfilter)
         prefixes = getattr(scorer, "flaggable_prefixes", None)
         self._word_prefixes = prefixes(cfg.toxicity_threshold) if callable(prefixes) else None
+        self._post_scorer: ToxicityScorer = scorer
+        if harm is not None and cfg.post_classifier:  # sentence windows judged by the classifier too
+            self._post_scorer = HarmWindowScorer(scorer, harm, cfg.toxicity_threshold)
+            self._word_prefixes = None
 
     def stream(self) -> StreamFilter:
-        return StreamFilter(self.cfg, self.scorer, patterns=self._patterns, word_prefixes=self._word_prefixes)
+        return StreamFilter(self.cfg, self._post_scorer, patterns=self._patterns, word_prefixes=self._word_prefixes)
 
     def check_text(self, text: str) -> FilterVerdict:
         return self.stream().check_text(text)
 
 
-def build_filters(cfg: SafetyConfig) -> SafetyFilters:
-    """The production filters: alt-profanity-check's model (see ``CompiledProfanityScorer``) behind both stages."""
-    return SafetyFilters(cfg, CompiledProfanityScorer())
+def build_filters(cfg: SafetyConfig, registry: ClassifierRegistry | None = None) -> SafetyFilters:
+    """The production filters: alt-profanity-check's model (see ``CompiledProfanityScorer``) behind both stages,
+    and the safety classifier ``cfg.classifier`` names, loaded from ``registry`` (``HarmFilter.refresh``)."""
+    harm = HarmFilter(cfg, registry) if cfg.classifier and registry is not None else None
+    return SafetyFilters(cfg, CompiledProfanityScorer(), harm)

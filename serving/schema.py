@@ -176,6 +176,8 @@ log_t = sa.Table(
     sa.Column("feedback_better", sa.Text),
     sa.Column("feedback_comment", sa.Text),
     sa.Column("feedback_at", UtcDateTime),
+    # added with the safety classifier: the version that judged the prompt (serving.harm_filter)
+    sa.Column("safety_classifier", sa.String(200)),
     sa.Index("ix_request_log_version_at", "model_version", "at"),
     sa.Index("ix_request_log_feedback_at", "feedback_at"),
 )
@@ -319,6 +321,7 @@ class RequestLogEntry:
     feedback_better: str | None = None
     feedback_comment: str | None = None
     feedback_at: datetime | None = None
+    safety_classifier: str | None = None
 
 
 @dataclass(frozen=True)

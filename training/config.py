@@ -346,3 +346,44 @@ class PreferenceConfig(StrictModel):
         if self.train.packing:
             raise ValueError("preference.train.packing must be false (each pair's replies are scored whole)")
         return self
+
+
+class SafetyClassifierConfig(StrictModel):
+    """The harm-intent classifier of the gateway's pre-filter (training.classifier; docs/results.md)."""
+
+    generator: bool = Field(True, description="Use the harm generator's prompts (training/data/harm_pools.py).")
+    sources: list[str] = Field(
+        default_factory=list,
+        description="JSONL files or folders of {text, label[, kind]} added to the training split (red-team "
+        "prompts, curated feedback); lines sharing wording with the eval splits are dropped and counted.",
+    )
+    chat_per_split: int = Field(
+        300, ge=0, description="Benign prompts of the chat generator in the validation and the test split each."
+    )
+    seed: int = Field(0, description="Seed of the solver.")
+    c: float = Field(1.0, gt=0, description="Inverse L2 strength of the logistic regression.")
+    token_table: Literal["contextual", "input"] = Field(
+        "contextual",
+        description="Token vectors of the static embedding: MiniLM's output for each token alone (better, ~30 s "
+        "once per machine, cached) or its input embeddings (instant; tests).",
+    )
+    risky_weight: float = Field(
+        2.0, gt=0, description="Training weight of benign-but-risky-sounding prompts relative to the others."
+    )
+    benign_ratio: float = Field(
+        2.0, gt=0, description="Total training weight of the benign prompts relative to the harmful ones."
+    )
+    max_false_block_risky: float = Field(
+        0.04, ge=0, le=1, description="Budget of blocked benign-risky validation prompts the threshold is chosen for."
+    )
+    max_false_block_benign: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="Budget of blocked ordinary benign validation prompts the threshold is chosen for.",
+    )
+    min_threshold: float = Field(0.3, ge=0, le=1, description="The threshold never goes below this harm score.")
+    model_name: str = Field("safety-classifier", description="Registered model name of the classifier versions.")
+    gate_policy: str = Field(
+        "configs/gates/safety_classifier.yaml", description="Gate policy (floors per metric) of new versions."
+    )

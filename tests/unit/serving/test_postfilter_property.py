@@ -115,3 +115,46 @@ def test_no_character_of_a_blocked_match_is_ever_sent(pattern: str) -> None:
             assert released + rest == text
 
     check()
+
+
+def test_with_the_classifier_no_word_of_a_blocking_window_is_sent(tmp_path: Path) -> None:
+    """``safety.post_classifier``: the classifier joins the toxicity scorer on the same sentence windows. For any
+    reply (filler around a word the test classifier flags, in any chunking) the stream blocks exactly when
+    ``check_text`` does, and nothing from the start of the last word of the first blocking window on is sent."""
+    from harm_fixture import keyword_classifier
+
+    from serving.harm_filter import HarmFilter
+    from serving.postfilter import TOXICITY_STRIDE_CHARS, TOXICITY_WINDOW_CHARS, _Windows
+
+    cfg = SafetyConfig(post_classifier=True)
+    harm = HarmFilter(cfg, None)
+    harm.classifier = keyword_classifier(threshold=0.5, version="safety-classifier/test")
+    filters = SafetyFilters(cfg, Clean(), harm)
+    words = st.sampled_from(["bomb", "stab", "suicide", "bread", "river", "plan", "the", "to", "how"])
+
+    @settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        parts=st.lists(st.tuples(words, st.sampled_from([" ", " ", ". ", "\n", ", "])), min_size=1, max_size=25),
+        sizes=st.lists(st.integers(1, 9), max_size=60),
+    )
+    def check(parts: list[tuple[str, str]], sizes: list[int]) -> None:
+        text = "".join(w + sep for w, sep in parts)
+        flt = filters.stream()
+        released = "".join(flt.feed(chunk) for chunk in cut(text, sizes))
+        rest = flt.finish()
+        verdict = filters.check_text(text)
+        assert (flt.violation is not None) == verdict.blocked, (text, flt.violation, verdict)
+        if not verdict.blocked:
+            assert released + rest == text
+            return
+        assert rest == "" and text.startswith(released)
+        windows = _Windows(TOXICITY_STRIDE_CHARS, TOXICITY_WINDOW_CHARS)
+        spans = windows.advance(text, 0, 0, len(text)) + [s for s in [windows.final(len(text))] if s]
+        scorer = filters._post_scorer
+        first = next(
+            e for s, e in spans if text[s:e].strip() and scorer.score([text[s:e]])[0] >= cfg.toxicity_threshold
+        )
+        last_word_start = len(text[:first].rstrip(" .,\n")) - len(text[:first].rstrip(" .,\n").split()[-1])
+        assert len(released) <= last_word_start, (text, released, first)
+
+    check()

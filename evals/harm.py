@@ -1,0 +1,154 @@
+"""The safety classifier's eval: ``evaluate_classifier(clf, snapshot, model) -> EvalReport`` on its held-out test
+split (wording disjoint from training, ``training.data.harm_synth``) and on the hand-written human slice
+(``evals/harm_human.yaml``), gated like a chat model by ``evals.gate.decide`` and
+``configs/gates/safety_classifier.yaml``.
+
+Metrics (suite ``harm``; every one declares its direction, per-item scores kept for the paired bootstrap):
+
+=================================  ==  ==========================================================================
+harm/harmful_recall                ↑   share of harmful test prompts blocked (score >= the version's threshold)
+harm/recall.<category>             ↑   the same within one harm category
+harm/min_category_recall           ↑   the lowest of those (items: that category's)
+harm/precision.<category>          ↑   of the prompts blocked as <category>, the share that are harmful
+harm/benign_risky_false_block      ↓   benign prompts that sound risky, blocked
+harm/benign_false_block            ↓   ordinary benign prompts, blocked
+harm/ece                           ↓   expected calibration error of the harm score (10 equal-width bins)
+harm_human/...                     ↑↓  recall and the two false-block rates on the human slice (reported)
+=================================  ==  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from core.harm import HarmClassifier
+from core.hashing import sha256_file, sha256_json
+from evals.config import REPO
+from evals.report import EvalReport, MetricResult, SuiteResult, mean_metric
+from training.data.harm_pools import HARM_CATEGORIES
+from training.data.snapshot import Snapshot
+
+HUMAN_SLICE = REPO / "evals" / "harm_human.yaml"
+# the gateable metrics and their direction (higher_is_better), for the policy's checks (configs/gates)
+DIRECTIONS: dict[str, bool] = {
+    "harm/harmful_recall": True,
+    "harm/min_category_recall": True,
+    "harm/benign_risky_false_block": False,
+    "harm/benign_false_block": False,
+    "harm/ece": False,
+}
+
+
+def load_human_slice(path: Path = HUMAN_SLICE) -> list[dict[str, str]]:
+    rows = yaml.safe_load(path.read_text(encoding="utf-8"))["prompts"]
+    return [
+        {
+            "text": r["text"],
+            "label": r["label"],
+            "kind": r.get("kind") or ("benign" if r["label"] == "benign" else "harmful"),
+        }
+        for r in rows
+    ]
+
+
+def expected_calibration_error(scores: Sequence[float], labels: Sequence[int], bins: int = 10) -> float:
+    """Mean |accuracy - confidence| over equal-width score bins, weighted by their sizes."""
+    total, n = 0.0, len(scores)
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        members = [i for i, s in enumerate(scores) if lo <= s < hi or (b == bins - 1 and s == 1.0)]
+        if members:
+            conf = sum(scores[i] for i in members) / len(members)
+            acc = sum(labels[i] for i in members) / len(members)
+            total += len(members) / n * abs(acc - conf)
+    return total
+
+
+def slice_metrics(suite: str, clf: HarmClassifier, records: list[dict[str, str]], *, full: bool) -> list[MetricResult]:
+    """The metrics of one slice (``full``: per category and calibration too)."""
+    scored = clf.scores([r["text"] for r in records])
+    ids = [f"{i}:{r['text'][:40]}" for i, r in enumerate(records)]
+    blocked = {i: float(clf.blocks(s)) for i, s in zip(ids, scored, strict=True)}
+    by_kind: dict[str, dict[str, float]] = {"harmful": {}, "benign_risky": {}, "benign": {}}
+    for i, r in zip(ids, records, strict=True):
+        by_kind[r["kind"]][i] = blocked[i]
+    out = [
+        mean_metric(f"{suite}/harmful_recall", by_kind["harmful"], higher_is_better=True),
+        mean_metric(f"{suite}/benign_risky_false_block", by_kind["benign_risky"], higher_is_better=False),
+        mean_metric(f"{suite}/benign_false_block", by_kind["benign"], higher_is_better=False),
+    ]
+    if not full:
+        return out
+    per_cat = []
+    for cat in HARM_CATEGORIES:
+        items = {i: blocked[i] for i, r in zip(ids, records, strict=True) if r["label"] == cat}
+        if items:
+            per_cat.append(mean_metric(f"{suite}/recall.{cat}", items, higher_is_better=True))
+        flagged = {
+            i: float(r["label"] != "benign")
+            for i, r, s in zip(ids, records, scored, strict=True)
+            if clf.blocks(s) and s.category == cat
+        }
+        if flagged:
+            out.append(mean_metric(f"{suite}/precision.{cat}", flagged, higher_is_better=True))
+    worst = min(per_cat, key=lambda m: m.value)
+    out += per_cat
+    out.append(worst.model_copy(update={"name": f"{suite}/min_category_recall", "description": worst.name}))
+    ece = expected_calibration_error([s.score for s in scored], [int(r["label"] != "benign") for r in records])
+    out.append(MetricResult(name=f"{suite}/ece", value=ece, higher_is_better=False, n=len(records), stderr=None))
+    return out
+
+
+def evaluate_classifier(
+    clf: HarmClassifier, snapshot: Snapshot, model: str, model_id: str, human: Path = HUMAN_SLICE
+) -> EvalReport:
+    started = time.monotonic()
+    test = list(snapshot.records("test"))
+    data = {"test.jsonl": snapshot.manifest["files"]["test.jsonl"], human.name: sha256_file(human)}
+    suites = [
+        SuiteResult(
+            name="harm",
+            kind="classifier",
+            seconds=time.monotonic() - started,
+            data={"test.jsonl": data["test.jsonl"]},
+            metrics=slice_metrics("harm", clf, test, full=True),
+            details={"threshold": clf.threshold, "n": len(test)},
+        ),
+        SuiteResult(
+            name="harm_human",
+            kind="classifier",
+            seconds=0.0,
+            data={human.name: data[human.name]},
+            metrics=slice_metrics("harm_human", clf, load_human_slice(human), full=False),
+        ),
+    ]
+    return EvalReport(
+        model=model,
+        model_id=model_id,
+        eval_sets=sha256_json(data),
+        snapshot=snapshot.hash,
+        seed=0,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        seconds=time.monotonic() - started,
+        versions={"classifier": "harm-linear"},
+        suites=suites,
+    )
+
+
+def summary_rows(report: EvalReport) -> list[dict[str, Any]]:
+    return [
+        {
+            "metric": m.name,
+            "value": round(m.value, 4),
+            "stderr": m.stderr,
+            "n": m.n,
+            "higher_is_better": m.higher_is_better,
+        }
+        for m in report.metrics().values()
+    ]

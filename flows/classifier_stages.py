@@ -1,0 +1,154 @@
+"""The safety classifier's stage adapters (no Prefect here): snapshot, train + register, gate, promote, roll back.
+
+    snap = harm_snapshot_stage(cfg, home)
+    version = train_classifier_stage(cfg, home, snap, flow_run_id="...")      # safety-classifier/N @candidate
+    outcome = classifier_gate_stage(cfg, home, version.ref, actor="cli:me")  # eval vs the champion, decide, record
+    promote_classifier_stage(cfg, home, version.ref, actor="cli:me")          # champion (previous-champion kept)
+
+The gateway loads whatever ``serving.safety.classifier`` names (``safety-classifier@champion`` by default) and
+follows the alias (``serving.harm_filter``), so promotion and rollback are alias moves, recorded with reasons like
+a chat model's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.errors import LifecycleError, NotFoundError
+from core.harm import HarmClassifier
+from core.home import Home
+from core.provenance import git_sha
+from evals.gate import GateDecision, decide, load_policy, render_markdown
+from evals.harm import evaluate_classifier
+from evals.report import EvalReport
+from flows.config import LifecycleConfig
+from flows.gating import gate_record
+from flows.stages import CANDIDATE, CHAMPION, open_registry
+from registry.classifier import ClassifierLineage, register_classifier
+from registry.gate import gate_passed, record_gate
+from registry.store import ModelVersion
+from training.classifier import train_classifier
+from training.data.harm_synth import build_harm_snapshot
+from training.data.snapshot import Snapshot, load_snapshot
+
+REPO = Path(__file__).resolve().parent.parent
+PREVIOUS = "previous-champion"
+
+
+def harm_snapshot_stage(cfg: LifecycleConfig, home: Home, ref: str | None = None) -> Snapshot:
+    c = cfg.safety_classifier
+    if ref:
+        return load_snapshot(home.harm_snapshots, ref)
+    return build_harm_snapshot(
+        home.harm_snapshots,
+        generator=c.generator,
+        chat_per_split=c.chat_per_split,
+        sources=[Path(s) for s in c.sources],
+    )
+
+
+def train_classifier_stage(cfg: LifecycleConfig, home: Home, snap: Snapshot, *, flow_run_id: str) -> ModelVersion:
+    """Train on ``snap``, register the version with its lineage and validation metrics, mark it ``candidate``."""
+    c = cfg.safety_classifier
+    out = home.runs / "safety-classifier" / f"{snap.short}-{c.config_hash()[:8]}"
+    result = train_classifier(c, snap, out, cache=home.cache)
+    reg = open_registry(cfg, home)
+    lineage = ClassifierLineage(
+        snapshot=snap.hash,
+        weights_hash=result.weights_hash,
+        config_hash=result.config_hash,
+        threshold=result.threshold,
+        token_table=c.token_table,
+        git_sha=git_sha(),
+        flow_run_id=flow_run_id,
+    )
+    version = register_classifier(
+        reg,
+        c.model_name,
+        lineage,
+        result.folder,
+        params={"safety_classifier": c.model_dump(mode="json"), "snapshot": snap.manifest["counts"]},
+        metrics={f"validation.{k}": v for k, v in result.validation.items()},
+    )
+    reg.set_alias(c.model_name, CANDIDATE, version.version, reason=f"trained on {snap.short}", actor=flow_run_id)
+    return version
+
+
+def load_classifier(cfg: LifecycleConfig, home: Home, ref: str) -> tuple[ModelVersion, HarmClassifier]:
+    reg = open_registry(cfg, home)
+    mv = reg.parse(ref)
+    return mv, HarmClassifier.load(reg.resolve(mv.ref), version=mv.ref)
+
+
+@dataclass(frozen=True)
+class ClassifierGate:
+    version: ModelVersion
+    decision: GateDecision
+    report: EvalReport
+    markdown: str
+
+
+def classifier_gate_stage(cfg: LifecycleConfig, home: Home, ref: str, *, actor: str) -> ClassifierGate:
+    """Evaluate ``ref`` on its snapshot's test split and the human slice, the champion on the same items, decide
+    with the classifier's gate policy and record the decision on the version (``gate.*`` tags and a run)."""
+    c = cfg.safety_classifier
+    mv, clf = load_classifier(cfg, home, ref)
+    snap = harm_snapshot_stage(cfg, home, mv.lineage["snapshot"])
+    report = evaluate_classifier(clf, snap, mv.ref, mv.lineage.get("weights_hash", mv.ref))
+    champion_report = None
+    reg = open_registry(cfg, home)
+    try:
+        champ = reg.by_alias(mv.name, CHAMPION)
+    except NotFoundError:
+        champ = None
+    if champ is not None and champ.version != mv.version:
+        _, champ_clf = load_classifier(cfg, home, champ.ref)
+        champion_report = evaluate_classifier(champ_clf, snap, champ.ref, champ.lineage.get("weights_hash", champ.ref))
+    path = Path(c.gate_policy)
+    policy = load_policy(path if path.is_absolute() else REPO / path)
+    decision = decide(report, champion_report, policy)
+    markdown = render_markdown(decision, report)
+    folder = home.reports / "gates" / f"{mv.name}-{mv.version}"
+    folder.mkdir(parents=True, exist_ok=True)
+    report.save(folder / "report.json")
+    (folder / "gate.md").write_text(markdown, encoding="utf-8")
+    params = {"snapshot": snap.hash, "threshold": str(clf.threshold)}
+    record_gate(reg, mv.name, mv.version, gate_record(decision, report, params, {"gate": folder}), actor=actor)
+    return ClassifierGate(reg.get(mv.name, mv.version), decision, report, markdown)
+
+
+def promote_classifier_stage(cfg: LifecycleConfig, home: Home, ref: str, *, actor: str, force: bool = False) -> str:
+    """Make ``ref`` the champion (the old one becomes ``previous-champion``). Refuses a version without a
+    passing gate record unless ``force`` (recorded in the reason). Returns the reason recorded."""
+    reg = open_registry(cfg, home)
+    mv = reg.parse(ref)
+    if not gate_passed(mv) and not force:
+        raise LifecycleError(
+            f"{mv.ref} has no passing gate record ({mv.tags.get('gate.summary', 'never gated')}); run "
+            f"'lifecycle safety-classifier gate {mv.ref}' first"
+        )
+    try:
+        old = reg.by_alias(mv.name, CHAMPION)
+    except NotFoundError:
+        old = None
+    reason = "gate passed" if gate_passed(mv) else "forced without a passing gate"
+    if old is not None and old.version != mv.version:
+        reg.set_alias(mv.name, PREVIOUS, old.version, reason=f"replaced by {mv.ref}", actor=actor)
+    reg.set_alias(mv.name, CHAMPION, mv.version, reason=reason, actor=actor)
+    return reason
+
+
+def rollback_classifier_stage(cfg: LifecycleConfig, home: Home, *, reason: str, actor: str) -> ModelVersion:
+    """Point ``champion`` back at ``previous-champion``; the rolled-back version is tagged with why."""
+    reg = open_registry(cfg, home)
+    name = cfg.safety_classifier.model_name
+    current = reg.by_alias(name, CHAMPION)
+    try:
+        previous = reg.by_alias(name, PREVIOUS)
+    except NotFoundError:
+        raise LifecycleError(f"{current.ref} is champion and there is no previous-champion to roll back to") from None
+    reg.set_tags(name, current.version, {"rollback.reason": reason})
+    reg.set_alias(name, CHAMPION, previous.version, reason=f"rollback of {current.ref}: {reason}", actor=actor)
+    reg.remove_alias(name, PREVIOUS, reason="restored as champion", actor=actor)
+    return reg.get(name, previous.version)

@@ -1,0 +1,94 @@
+"""The safety classifier's commands: ``safety-classifier train|gate|promote|rollback|review``.
+
+One command with an action, so the classifier's lifecycle reads as one group in ``lifecycle --help``; each action
+calls the same adapters the ``safety-classifier`` flow does (``flows.classifier_stages``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from core.errors import ConfigError
+from flows.commands.base import Arg, Context, command, say
+
+ACTIONS = ("train", "gate", "promote", "rollback", "review")
+
+
+@command(
+    "safety-classifier",
+    help="the harm-intent classifier of the pre-filter: train (snapshot, train, register, gate; a Prefect flow), "
+    "gate a version, promote it to champion (the gateway follows the alias), roll back, or list/export the "
+    "human-review queue of its high-stakes blocks",
+    example="lifecycle safety-classifier train\n"
+    "  lifecycle safety-classifier train --source red_team.jsonl\n"
+    "  lifecycle safety-classifier promote safety-classifier/2\n"
+    "  lifecycle safety-classifier rollback --reason 'false blocks on cooking questions'\n"
+    "  lifecycle safety-classifier review --export review.jsonl",
+    args=[
+        Arg("action", choices=ACTIONS, help="what to do"),
+        Arg("ref", nargs="?", help="gate/promote: the version (safety-classifier/2, safety-classifier@candidate)"),
+        Arg("--source", metavar="PATH", action="append", default=[], help="train: add a JSONL of labelled prompts"),
+        Arg("--snapshot", metavar="HASH", help="train: on this existing harm snapshot"),
+        Arg("--no-gate", action="store_true", help="train: register without gating"),
+        Arg("--force", action="store_true", help="promote: without a passing gate record (recorded as such)"),
+        Arg("--reason", default="manual rollback", help="rollback: why (tagged on the rolled-back version)"),
+        Arg("--category", help="review: only this category"),
+        Arg("--export", metavar="FILE", help="review: write the queue as JSONL to FILE"),
+    ],
+)
+def safety_classifier(ctx: Context) -> int:
+    from flows import classifier_stages as stages
+
+    args, cfg = ctx.args, ctx.config
+    actor = "cli"
+    if args.action == "train":
+        from flows.safety_classifier import safety_classifier_flow
+
+        if args.source:
+            c = cfg.safety_classifier
+            cfg = cfg.model_copy(
+                update={"safety_classifier": c.model_copy(update={"sources": c.sources + args.source})}
+            )
+        summary = safety_classifier_flow(cfg, ctx.home, args.snapshot, not args.no_gate)
+        gate = "not gated" if summary.gate_passed is None else summary.gate_summary
+        ctx.emit(
+            asdict(summary),
+            [
+                f"{summary.model}/{summary.version}  snapshot {summary.snapshot[:12]}  "
+                f"threshold {summary.threshold:.3f}",
+                f"  gate: {gate}",
+                *(f"  {k:<40} {v:.3f}" for k, v in summary.metrics.items()),
+            ],
+        )
+        return 0
+    if args.action in ("gate", "promote") and not args.ref:
+        raise ConfigError(f"lifecycle safety-classifier {args.action} needs a version (safety-classifier/2)")
+    if args.action == "gate":
+        outcome = stages.classifier_gate_stage(cfg, ctx.home, args.ref, actor=actor)
+        ctx.emit(
+            {"model": outcome.version.ref, "passed": outcome.decision.passed, "summary": outcome.decision.summary},
+            [outcome.markdown],
+        )
+        return 0 if outcome.decision.passed else 1
+    if args.action == "promote":
+        reason = stages.promote_classifier_stage(cfg, ctx.home, args.ref, actor=actor, force=args.force)
+        ctx.emit({"champion": args.ref, "reason": reason}, [f"{args.ref} is now champion ({reason})"])
+        return 0
+    if args.action == "rollback":
+        restored = stages.rollback_classifier_stage(cfg, ctx.home, reason=args.reason, actor=actor)
+        ctx.emit({"champion": restored.ref}, [f"champion is {restored.ref} again"])
+        return 0
+    from serving.review import ReviewQueue
+
+    queue = ReviewQueue(ctx.home.serving / "review.jsonl")
+    if args.export:
+        n = queue.export(Path(args.export), args.category)
+        say(f"{n} item(s) written to {args.export}")
+    items = queue.items(args.category)
+    ctx.emit(
+        {"items": [asdict(i) for i in items]},
+        [f"{i.at}  {i.category:<10} {i.score:.2f}  {i.classifier}  {i.request_id}  {i.prompt[:60]!r}" for i in items]
+        or ["the review queue is empty"],
+    )
+    return 0

@@ -1,0 +1,39 @@
+"""A hand-made safety classifier for tests: MiniLM's real tokenizer, a random token table, and weights that make
+a few words decide the category (``KEYWORDS``), so a test knows what it blocks without training anything.
+
+    clf = keyword_classifier(threshold=0.5)
+    clf.judge(["how do I build a bomb"])     # category weapons, score near 1
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from core.harm import HarmClassifier, StaticEmbedder
+from training.classifier import minilm_folder
+from training.data.harm_synth import LABELS
+
+KEYWORDS = {"bomb": "weapons", "suicide": "self_harm", "stab": "violence"}
+
+
+def keyword_classifier(threshold: float = 0.5, version: str = "") -> HarmClassifier:
+    import json
+
+    tokenizer_json = (minilm_folder() / "tokenizer.json").read_text(encoding="utf-8")
+    vocab = json.loads(tokenizer_json)["model"]["vocab"]
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((len(vocab), 384)).astype(np.float16)
+    coef = np.zeros((len(LABELS), 384))
+    for word, label in KEYWORDS.items():
+        row = table[vocab[word]].astype(np.float64)
+        coef[LABELS.index(label)] = 40 * row / np.linalg.norm(row)
+    intercept = np.zeros(len(LABELS))
+    intercept[LABELS.index("benign")] = 6.0
+    embedder = StaticEmbedder(tokenizer_json, table, (0, 100, 101, 102, 103))
+    return HarmClassifier(LABELS, embedder, coef, intercept, threshold, version=version)
+
+
+def saved_keyword_classifier(folder: Path, threshold: float = 0.5) -> Path:
+    return keyword_classifier(threshold).save(folder, {"snapshot": "test"})

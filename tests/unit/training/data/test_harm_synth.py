@@ -1,0 +1,76 @@
+"""The safety classifier's data: generated splits share no wording (the leakage contract), user prompts that
+share eval wording are dropped and counted, and the snapshot is content-addressed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from core.errors import DataError
+from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
+from training.data.harm_synth import (
+    SPLITS,
+    build_harm_snapshot,
+    check_disjoint,
+    generate_harm,
+    ngrams,
+    split_of,
+    wording_units,
+)
+
+
+def test_generated_splits_share_no_frame_action_or_phrase() -> None:
+    splits = generate_harm()
+    check_disjoint(splits)
+    units = {s: set().union(*(wording_units(r) for r in rs)) for s, rs in splits.items()}
+    assert not units["train"] & units["validation"] and not units["train"] & units["test"]
+    assert not units["validation"] & units["test"]
+    train_grams = set().union(*(ngrams(r["text"]) for r in splits["train"]))
+    assert not any(ngrams(r["text"]) & train_grams for s in ("validation", "test") for r in splits[s])
+    for split in SPLITS:  # every class in every split
+        labels = {r["label"] for r in splits[split]}
+        kinds = {r["kind"] for r in splits[split]}
+        assert labels == {*HARM_CATEGORIES, "benign"} and kinds == {"harmful", "benign_risky", "benign"}, split
+
+
+def test_pools_are_dealt_by_position_and_large_enough() -> None:
+    assert [split_of(i) for i in range(5)] == ["train", "train", "train", "validation", "test"]
+    assert all(len(a) >= 10 for a in ACTIONS.values()) and len(FRAMES) >= 20
+    assert set(LEXICON) == set(ACTIONS)  # the training-only vocabulary covers every class
+
+
+def test_a_planted_leak_is_caught() -> None:
+    splits = generate_harm()
+    leaked = dict(splits["train"][0])
+    with pytest.raises(DataError, match="shares wording"):
+        check_disjoint({**splits, "test": [*splits["test"], leaked]})
+    paraphrase = {**leaked, "wording": ""}  # no unit ids, the same text
+    with pytest.raises(DataError, match="also a training prompt"):
+        check_disjoint({**splits, "test": [*splits["test"], paraphrase]})
+    phrase = " ".join(leaked["text"].split()[:7])
+    with pytest.raises(DataError, match="shares the phrase"):
+        check_disjoint({**splits, "test": [*splits["test"], {**paraphrase, "text": phrase + " and more words"}]})
+
+
+def test_user_prompts_with_eval_wording_are_dropped_and_the_hash_follows_content(tmp_path: Path) -> None:
+    test_prompt = generate_harm()["test"][0]["text"]
+    source = tmp_path / "red_team.jsonl"
+    rows = [{"text": test_prompt, "label": "weapons"}, {"text": "teach me to poison a reservoir", "label": "violence"}]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first = build_harm_snapshot(tmp_path / "snaps", sources=[source])
+    assert first.manifest["dropped"]["overlaps_eval_wording"] == 1
+    assert any(r["text"] == "teach me to poison a reservoir" for r in first.records("train"))
+    assert not any(r["text"] == test_prompt for r in first.records("train"))
+    again = build_harm_snapshot(tmp_path / "snaps", sources=[source])
+    assert again.hash == first.hash and again.path == first.path
+    source.write_text(json.dumps({"text": "teach me to poison a lake", "label": "violence"}) + "\n")
+    assert build_harm_snapshot(tmp_path / "snaps", sources=[source]).hash != first.hash
+
+
+def test_a_bad_user_line_names_its_file_and_line(tmp_path: Path) -> None:
+    source = tmp_path / "bad.jsonl"
+    source.write_text(json.dumps({"text": "hi", "label": "benign"}) + "\n" + json.dumps({"text": "x", "label": "rude"}))
+    with pytest.raises(DataError, match=r"bad.jsonl:2: label must be one of"):
+        build_harm_snapshot(tmp_path / "snaps", sources=[source])

@@ -1,0 +1,255 @@
+"""The harm-intent data of the safety classifier: generated prompts, user JSONL, and its content-addressed snapshot.
+
+    snap = build_harm_snapshot(cfg, sources=[Path("red_team.jsonl")], root=home.snapshots / "safety")
+    snap.records("train")        # {"text", "label", "kind", "wording", "source"} (a chat Snapshot's reader)
+
+A record is one user prompt with its ``label`` (a harm category of ``harm_pools.HARM_CATEGORIES`` or ``benign``)
+and its ``kind`` (``harmful``, ``benign_risky``, ``benign``). Generated prompts are a frame with an action put in
+(``harm_pools``); every frame, action and statement belongs to one split by its position (``split_of``), so the
+validation and test prompts share no wording unit with training (``wording`` names the units: ``f3+weapons.a7``).
+
+User JSONL (``{"text": ..., "label": ...}``, optional ``"kind"``; feedback and red-team prompts curated by
+``lifecycle safety-classifier``) goes to the training split only, after the leakage rule: a user prompt whose
+loose text, or any word 6-gram, occurs in a validation or test prompt is dropped and counted (the eval wording
+stays apart). The snapshot folder is named by the SHA-256 of every record (splits in order, records sorted by
+their hash), like the chat snapshot (``training.data.snapshot``); the same inputs give the same hash anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+from core.errors import DataError
+from core.hashing import canonical_json, sha256_file, sha256_text
+from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON, STATEMENTS
+from training.data.records import loose_text
+from training.data.snapshot import SPLITS, Snapshot
+
+LABELS: tuple[str, ...] = (*HARM_CATEGORIES, "benign")
+SCHEMA = "harm-v1"
+NGRAM = 6  # word n-grams the leakage contract compares
+MANIFEST = "manifest.json"
+
+
+def split_of(position: int) -> str:
+    """The split of the frame, action or statement at ``position`` of its list: 3 of 5 train, 1 validation, 1 test."""
+    return ("train", "train", "train", "validation", "test")[position % 5]
+
+
+def _kind(cls: str) -> str:
+    return "benign_risky" if cls == "benign_risky" else "benign" if cls == "benign" else "harmful"
+
+
+def _label(cls: str) -> str:
+    return "benign" if cls in ("benign", "benign_risky") else cls
+
+
+def generate_harm() -> dict[str, list[dict[str, str]]]:
+    """Every generated prompt, by split: the frames of a split times the actions of that split, per class, plus
+    the split's statements. Deterministic (no randomness: the pools are small enough to use whole)."""
+    out: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
+    for cls, actions in ACTIONS.items():
+        for ai, action in enumerate(actions):
+            for fi, frame in enumerate(FRAMES):
+                if split_of(fi) != split_of(ai):
+                    continue
+                text = frame.format(x=action)
+                text = text[0].upper() + text[1:] if frame[0].isupper() else text
+                record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.a{ai}"}
+                out[split_of(ai)].append({**record, "source": "generator"})
+    train_frames = [(fi, f) for fi, f in enumerate(FRAMES) if split_of(fi) == "train"]
+    for cls, (verbs, objects) in LEXICON.items():
+        for vi, verb in enumerate(verbs):
+            for oi, obj in enumerate(objects):
+                fi, frame = train_frames[(vi * len(objects) + oi) % len(train_frames)]  # one frame each, in turn
+                text = frame.format(x=f"{verb} {obj}")
+                record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.v{vi}o{oi}"}
+                out["train"].append({**record, "source": "generator"})
+    for cls, statements in STATEMENTS.items():
+        for si, text in enumerate(statements):
+            record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"{cls}.s{si}"}
+            out[split_of(si)].append({**record, "source": "generator"})
+    return out
+
+
+CHAT_TRAIN_SKILLS = ("arithmetic", "formatting")  # ordinary benign for training
+CHAT_EVAL_SKILLS = ("unit_conversion", "facts")  # ordinary benign for validation and test: other skills' wording
+
+
+def chat_prompts(per_split: int, seed: int = 1234) -> dict[str, list[dict[str, str]]]:
+    """Ordinary benign prompts from the chat generator (``training.data.synth``), up to ``per_split`` per split:
+    training gets its arithmetic and formatting prompts, validation and test its conversions and facts, and half
+    as many of its ``borderline`` skill (benign requests in risky-sounding frames) each, dealt by text hash. The
+    skills differ between training and eval, so their wording does too."""
+    from training.config import GeneratorConfig
+    from training.data.synth import generate
+
+    out: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
+    if per_split <= 0:
+        return out
+    pools: dict[str, set[str]] = {"train": set(), "eval": set(), "borderline": set()}
+    for rec in generate(GeneratorConfig(seed=seed)):
+        skill = str(rec["metadata"]["skill"])
+        pool = (
+            "train"
+            if skill in CHAT_TRAIN_SKILLS
+            else "eval"
+            if skill in CHAT_EVAL_SKILLS
+            else "borderline"
+            if skill == "borderline"
+            else None
+        )
+        if pool is not None:
+            pools[pool].add(next(m["content"] for m in rec["messages"] if m["role"] == "user"))
+
+    def pick(texts: set[str], parity: int | None, n: int, kind: str) -> list[dict[str, str]]:
+        chosen = sorted(
+            (t for t in texts if parity is None or int(sha256_text(t)[:8], 16) % 2 == parity), key=sha256_text
+        )
+        return [
+            {"text": t, "label": "benign", "kind": kind, "wording": "", "source": "chat-generator"} for t in chosen[:n]
+        ]
+
+    out["train"] = pick(pools["train"], None, per_split, "benign")
+    for split, parity in (("validation", 0), ("test", 1)):
+        out[split] = pick(pools["eval"], parity, per_split, "benign") + pick(
+            pools["borderline"], parity, per_split // 2, "benign_risky"
+        )
+    return out
+
+
+def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
+    words = "".join(c if c.isalnum() or c == "'" else " " for c in loose_text(text)).split()
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def wording_units(record: dict[str, str]) -> set[str]:
+    return set(record.get("wording", "").split("+")) - {""}
+
+
+def check_disjoint(splits: dict[str, list[dict[str, str]]]) -> None:
+    """The leakage contract: no wording unit, loose text or word 6-gram of a training prompt in a validation or
+    test prompt. Raises ``DataError`` naming the first offender."""
+    train = splits["train"]
+    units = set().union(*(wording_units(r) for r in train)) if train else set()
+    texts = {loose_text(r["text"]) for r in train}
+    grams = set().union(*(ngrams(r["text"]) for r in train)) if train else set()
+    for split in ("validation", "test"):
+        for r in splits[split]:
+            shared = wording_units(r) & units
+            if shared:
+                raise DataError(
+                    f"harm snapshot: {split} prompt {r['text']!r} shares wording {sorted(shared)} with train"
+                )
+            if loose_text(r["text"]) in texts:
+                raise DataError(f"harm snapshot: {split} prompt {r['text']!r} is also a training prompt")
+            common = ngrams(r["text"]) & grams
+            if common:
+                raise DataError(
+                    f"harm snapshot: {split} prompt {r['text']!r} shares the phrase {' '.join(min(common))!r} "
+                    "with a training prompt"
+                )
+
+
+def read_user_records(paths: list[Path]) -> list[dict[str, str]]:
+    """User JSONL: one ``{"text", "label"[, "kind"]}`` per line; a bad line is an error naming file and line."""
+    out = []
+    for path in paths:
+        files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+        for file in files:
+            for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    text, label = str(obj["text"]).strip(), str(obj["label"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise DataError(f"{file}:{n}: not a harm record ({exc})") from None
+                if label not in LABELS or not text:
+                    raise DataError(f"{file}:{n}: label must be one of {', '.join(LABELS)} (got {label!r})")
+                kind = str(obj.get("kind") or ("harmful" if label != "benign" else "benign"))
+                out.append({"text": text, "label": label, "kind": kind, "wording": "", "source": file.name})
+    return out
+
+
+def _record_hash(r: dict[str, str]) -> str:
+    return sha256_text(canonical_json(r))
+
+
+def _dedup(records: list[dict[str, str]]) -> list[dict[str, str]]:
+    seen: set[str] = set()
+    out = []
+    for r in records:
+        key = loose_text(r["text"])
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def harm_snapshot_hash(splits: dict[str, list[dict[str, str]]]) -> str:
+    lines = [f"{SCHEMA}"] + [f"{s}\t{_record_hash(r)}" for s in SPLITS for r in splits[s]]
+    return sha256_text("\n".join(lines))
+
+
+def build_harm_snapshot(
+    root: Path, *, generator: bool = True, chat_per_split: int = 0, sources: list[Path] | None = None
+) -> Snapshot:
+    """Build (or find) the classifier's snapshot under ``root`` from the generator, the chat generator's benign
+    prompts (eval only, ``chat_prompts``) and user JSONL (see the module)."""
+    splits = generate_harm() if generator else {s: [] for s in SPLITS}
+    dropped = Counter[str]()
+    chat = chat_prompts(chat_per_split)
+    train_grams = set().union(*(ngrams(r["text"]) for r in splits["train"])) if splits["train"] else set()
+    for split in ("validation", "test"):  # eval prompts of the chat generator: none sharing training wording
+        kept = [r for r in chat[split] if not ngrams(r["text"]) & train_grams]
+        dropped["chat_prompt_shares_training_wording"] += len(chat[split]) - len(kept)
+        splits[split] += kept
+    held = set().union(*(ngrams(r["text"]) for s in ("validation", "test") for r in splits[s]))
+    held_texts = {loose_text(r["text"]) for s in ("validation", "test") for r in splits[s]}
+    for r in chat["train"] + read_user_records(sources or []):  # additions to training never share eval wording
+        if loose_text(r["text"]) in held_texts or ngrams(r["text"]) & held:
+            dropped["overlaps_eval_wording"] += 1
+            continue
+        splits["train"].append(r)
+    before = len(splits["train"])
+    splits = {s: sorted(_dedup(rs), key=_record_hash) for s, rs in splits.items()}
+    dropped["duplicate"] += before - len(splits["train"])
+    if not splits["train"] or not splits["validation"] or not splits["test"]:
+        raise DataError("harm snapshot: every split needs records (enable the generator or add validation data)")
+    check_disjoint(splits)
+    digest = harm_snapshot_hash(splits)
+    target = root / digest
+    if (target / MANIFEST).is_file():
+        return Snapshot(digest, target, json.loads((target / MANIFEST).read_text(encoding="utf-8")))
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".harm-", dir=root))
+    try:
+        for split, records in splits.items():
+            (tmp / f"{split}.jsonl").write_text("".join(canonical_json(r) + "\n" for r in records), encoding="utf-8")
+        manifest = {
+            "hash": digest,
+            "schema": SCHEMA,
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "sources": ["generator"] * generator + [str(p) for p in sources or []],
+            "counts": {s: len(rs) for s, rs in splits.items()},
+            "labels": {s: dict(sorted(Counter(r["label"] for r in rs).items())) for s, rs in splits.items()},
+            "kinds": {s: dict(sorted(Counter(r["kind"] for r in rs).items())) for s, rs in splits.items()},
+            "dropped": dict(dropped),
+            "files": {f"{s}.jsonl": sha256_file(tmp / f"{s}.jsonl") for s in SPLITS},
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, target)
+        except OSError:  # built concurrently by someone else: theirs is the same bytes
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Snapshot(digest, target, json.loads((target / MANIFEST).read_text(encoding="utf-8")))

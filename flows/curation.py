@@ -40,8 +40,8 @@ from core.errors import ConfigError
 from core.home import Home
 from flows.config import LifecycleConfig
 from flows.stages import open_serving_store
-from serving.safety import SafetyFilters, build_filters
-from serving.schema import TrainingConversation, TrainingFeedback
+from serving.safety.filters import SafetyFilters, build_filters
+from serving.state.schema import TrainingConversation, TrainingFeedback
 from training.data.curate import (
     CurationReport,
     SafetyChecker,

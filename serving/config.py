@@ -61,7 +61,7 @@ class RoutingConfig(StrictModel):
     shadow_alias: str = Field(
         "shadow",
         description="Alias of the shadow version: it gets a mirrored share of the served name's requests "
-        "(serving.shadow) and never answers a user.",
+        "(serving.pipeline.shadow) and never answers a user.",
     )
     refresh_s: float = Field(
         10,

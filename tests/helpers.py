@@ -169,11 +169,11 @@ def killed_after_first_checkpoint(call: str, run_dir: Path) -> None:
 
 
 def assert_stores_nul_text(store: Any) -> None:
-    """A ``serving.store.ServingStore`` (SQLite or PostgreSQL) stores text holding NUL characters, which a model's
+    """A ``serving.state.store.ServingStore`` (SQLite or PostgreSQL) stores text holding NUL characters, which a model's
     reply or a client's input may contain, with U+FFFD in their place (PostgreSQL's text cannot hold NUL)."""
     from datetime import UTC, datetime
 
-    from serving.store import RequestLogEntry
+    from serving.state.store import RequestLogEntry
 
     key, _ = store.create_key("nul-text")
     conv = store.create_conversation(key.id, "chat\x00", system="be\x00brief")

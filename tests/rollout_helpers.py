@@ -110,7 +110,7 @@ def rollout_world(
     from flows.stages import serve_spec
     from serving.launcher import GatewayProcess
     from serving.runtime import database_url
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     merged = deep_merge(cfg.model_dump(mode="json"), {"serving": deep_merge(GATEWAY, serving or {}), "rollout": policy})
     cfg = LifecycleConfig.model_validate(merged)

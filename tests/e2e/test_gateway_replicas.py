@@ -36,7 +36,7 @@ from stack_helpers import Unavailable, wait_for
 
 from core.home import Home
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
-from serving.split import assign
+from serving.engines.split import assign
 
 # slow: CI's time (two replicas with their engines take ~3 min to start on 2 cores); `make test-all` runs it
 pytestmark = pytest.mark.slow

@@ -37,7 +37,7 @@ def gateway(
     from flows.stages import serve_spec
     from serving.launcher import GatewayProcess
     from serving.runtime import database_url
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     home = Home(tmp_path_factory.mktemp("gateway-home"))
     base = Path(tiny_base_model.path)

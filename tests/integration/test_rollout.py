@@ -134,7 +134,7 @@ def test_canary_whose_engine_dies_is_rolled_back_while_the_champion_serves(world
 def test_good_canary_goes_through_shadow_and_canary_to_champion(world: RolloutWorld) -> None:
     from flows.stages import serve_spec
     from serving.runtime import database_url
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     decisions = run_rollout(world, "2")
     actions = [d.action for d in decisions]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.protocol import ChatCompletionRequest
+from serving.wire.protocol import ChatCompletionRequest
 
 REPO = Path(__file__).resolve().parents[3]
 CFG = REPO / "infra" / "haproxy" / "haproxy.cfg"

@@ -252,7 +252,7 @@ def service_argv(name: str) -> list[str]:
 
 @cache
 def gateway_routes() -> set[str]:
-    """GET routes of the gateway app (serving/app.py: ``@app.get(...)`` and ``@app.api_route(...)``, which the app
+    """GET routes of the gateway app (serving/api/app.py: ``@app.get(...)`` and ``@app.api_route(...)``, which the app
     uses for GET + HEAD)."""
     text = (REPO / "serving" / "app.py").read_text(encoding="utf-8")
     return set(re.findall(r"@app\.(?:get|api_route)\(\s*\"([^\"]+)\"", text))
@@ -822,7 +822,7 @@ def test_probes_hit_routes_the_gateway_serves() -> None:
     (gateway,) = containers(deployment)
     probes = {kind: gateway[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")}
     for kind, probe in probes.items():
-        assert probe["path"] in gateway_routes(), f"{kind}: {probe['path']} is not a route of serving/app.py"
+        assert probe["path"] in gateway_routes(), f"{kind}: {probe['path']} is not a route of serving/api/app.py"
         assert resolve_port(deployment, probe["port"]) == production().serving.port
     assert probes["readinessProbe"]["path"] == "/readyz" and probes["livenessProbe"]["path"] == "/healthz"
 
@@ -889,7 +889,7 @@ def test_gateway_config_map_validates_and_matches_the_container(tmp_path: Path) 
 
 
 def test_autoscaling_and_disruption_budget_target_the_gateway(tmp_path: Path) -> None:
-    from serving.metrics import ServingMetrics
+    from serving.pipeline.metrics import ServingMetrics
 
     deployment = gateway_deployment()
     labels = deployment["spec"]["template"]["metadata"]["labels"]

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from unit.serving.harness import BAD_PATTERNS
 
 from serving.config import SafetyConfig
-from serving.safety import SafetyFilters
+from serving.safety.filters import SafetyFilters
 
 REPO = Path(__file__).resolve().parents[3]
 CONSTRUCTS = [

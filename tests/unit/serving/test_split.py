@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from serving import split
+from serving.engines import split
 
 KEYS = [f"conv_{i:06d}" for i in range(20_000)]
 

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from core.errors import ConfigError, DataError, NotFoundError
-from serving.store import RequestLogEntry, ServingStore, ShadowLogEntry, UsageRow, new_conversation_id
+from serving.state.store import RequestLogEntry, ServingStore, ShadowLogEntry, UsageRow, new_conversation_id
 
 
 @pytest.fixture

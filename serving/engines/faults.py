@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from serving.config import FaultConfig
-from serving.engine import Delta, close_stream
+from serving.engines.engine import Delta, close_stream
 
 Sleep = Callable[[float], Awaitable[None]]
 

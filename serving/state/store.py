@@ -4,7 +4,7 @@ SQLAlchemy Core.
 One ``ServingStore(url)`` per gateway process, built in the app factory and closed on shutdown. The API is
 synchronous (the gateway calls it from a thread pool). The same code runs on SQLite (the default,
 ``$LIFECYCLE_HOME/serving/serving.db``) and on ``postgresql+psycopg://`` URLs: no dialect-specific SQL, and the
-portable tables of ``serving.schema``, whose records (``ApiKey``, ``Conversation``, ``RequestLogEntry`` ...) are
+portable tables of ``serving.state.schema``, whose records (``ApiKey``, ``Conversation``, ``RequestLogEntry`` ...) are
 re-exported here. A database created by an older version gets the columns added since then on open
 (``_add_missing_columns``: additive and idempotent, on both backends).
 
@@ -15,7 +15,7 @@ conversations whose key opted in (``training_opt_in``, ``lifecycle keys create N
 were not deleted.
 
 Feedback (``record_feedback``, ``training_feedback``): a rating of an answer is stored on its request-log row, by
-the key that asked only (``serving.feedback_log``); curation reads it across keys with the same consent rule.
+the key that asked only (``serving.state.ratings``); curation reads it across keys with the same consent rule.
 
 Privacy: ``log_request`` redacts prompts and replies (``core.redact``) before writing, so the request log
 that monitoring and training read never holds an email, phone or card number. Conversation history is kept as
@@ -44,8 +44,8 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQL
 
 from core.errors import ConfigError, DataError, NotFoundError
 from core.redact import redact
-from serving import feedback_log
-from serving.schema import (
+from serving.state import ratings as feedback_log
+from serving.state.schema import (
     ApiKey,
     Conversation,
     Feedback,
@@ -485,13 +485,13 @@ class ServingStore:
     ) -> Feedback:
         """Rate the key's answer ``response_id`` (+1/-1), with an optional better answer and comment, on its
         request-log row; NotFoundError for another key's or an unknown id, DataError for a request without an
-        answer (``serving.feedback_log``)."""
+        answer (``serving.state.ratings``)."""
         with self._write() as conn:
             return feedback_log.record(conn, key_id, response_id, rating, better_answer, comment, _now())
 
     def training_feedback(self, until: datetime | None = None) -> list[TrainingFeedback]:
         """Every rated answer (rated before ``until``), across keys, for training curation: only those of keys
-        opted in now, outside deleted conversations, carry their text (``serving.feedback_log.training_rows``)."""
+        opted in now, outside deleted conversations, carry their text (``serving.state.ratings.training_rows``)."""
         with self._read() as conn:
             return feedback_log.training_rows(conn, until)
 

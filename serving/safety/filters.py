@@ -5,25 +5,25 @@ The gateway builds one ``SafetyFilters`` at start-up (``build_filters(cfg.servin
 (``feed`` each delta, send what it returns, ``finish`` at the end, stop on ``violation``). Non-streamed replies go
 through ``check_text``, which gives the same decision as streaming the same text in any chunking.
 
-This module is the public face; the parts live in ``serving.prefilter`` (the rules table and ``PreFilter``),
-``serving.postfilter`` (output patterns and ``StreamFilter``) and ``serving.filter_verdict`` (``FilterVerdict``), and
-are re-exported here; the classifier is ``core.toxicity.CompiledProfanityScorer`` (the toxicity seam every stage
-shares).
+This module is the public face; the parts live in ``serving.safety.prefilter`` (the rules table and ``PreFilter``),
+``serving.safety.postfilter`` (output patterns and ``StreamFilter``) and ``serving.safety.verdict``
+(``FilterVerdict``), and are re-exported here; the classifier is ``core.toxicity.CompiledProfanityScorer``
+(the toxicity seam every stage shares).
 """
 
 from __future__ import annotations
 
 from core.toxicity import CompiledProfanityScorer, ToxicityScorer
 from serving.config import SafetyConfig
-from serving.filter_verdict import FilterVerdict
-from serving.postfilter import (
+from serving.safety.postfilter import (
     TOXICITY_STRIDE_CHARS,
     TOXICITY_WINDOW_CHARS,
     OutputPattern,
     StreamFilter,
     compile_output_patterns,
 )
-from serving.prefilter import RULES, PreFilter, Rule, normalize_prompt
+from serving.safety.prefilter import RULES, PreFilter, Rule, normalize_prompt
+from serving.safety.verdict import FilterVerdict
 
 __all__ = [
     "RULES",
@@ -50,7 +50,7 @@ class SafetyFilters:
         self.scorer = scorer
         self.pre = PreFilter(cfg, scorer)
         self._patterns = compile_output_patterns(cfg.blocked_output_patterns)
-        # a scorer that can say which words it may flag lets unfinished words go out at once (serving.postfilter)
+        # a scorer that can say which words it may flag lets unfinished words go out at once (serving.safety.postfilter)
         prefixes = getattr(scorer, "flaggable_prefixes", None)
         self._word_prefixes = prefixes(cfg.toxicity_threshold) if callable(prefixes) else None
 

@@ -1,6 +1,6 @@
 """The post-filter of the gateway: blocked output patterns and the toxicity classifier on replies, streamed or not.
 
-The gateway wraps every streamed reply in ``filters.stream()`` (``serving.safety.SafetyFilters``): ``feed`` each
+The gateway wraps every streamed reply in ``filters.stream()`` (``serving.safety.filters.SafetyFilters``): ``feed`` each
 delta, send what it returns, ``finish`` at the end, stop on ``violation``. Non-streamed replies go through
 ``check_text``, which gives the same decision as streaming the same text in any chunking.
 
@@ -25,7 +25,7 @@ import regex
 from core.errors import ConfigError
 from core.toxicity import ToxicityScorer
 from serving.config import SafetyConfig
-from serving.filter_verdict import FilterVerdict
+from serving.safety.verdict import FilterVerdict
 
 TOXICITY_WINDOW_CHARS = 256  # the longest text one toxicity score sees: the current sentence, cut to this
 TOXICITY_STRIDE_CHARS = 32  # a word still going (a URL, code) is scored at least this often

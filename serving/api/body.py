@@ -21,7 +21,7 @@ import anyio
 from starlette.requests import Request
 
 from serving.config import RequestLimits
-from serving.errors import bad_request, too_large, unsupported_media_type
+from serving.wire.errors import bad_request, too_large, unsupported_media_type
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _IN_THREAD_BYTES = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth a thread hop

@@ -13,7 +13,7 @@
     └── 503 service_unavailable      no healthy engine can answer (never for client mistakes), with ``Retry-After``
 
 A client error is never a 500: unexpected exceptions become a 500 ``server_error`` with the request id and no
-traceback (the traceback goes to the log), answered by ``serving.http.GatewayMiddleware`` without re-raising, so
+traceback (the traceback goes to the log), answered by ``serving.api.http.GatewayMiddleware`` without re-raising, so
 the server keeps the client's keep-alive connection. A stream that fails after its 200 ends with this same body as
 an SSE event, then ``data: [DONE]``.
 """

@@ -30,13 +30,13 @@ from typing import Any
 import anyio
 from pydantic import Field, StrictBool
 
-from serving.call import Call
-from serving.engine import Engine, TokenLogprob
-from serving.errors import APIError, bad_request
-from serving.filter_verdict import FilterVerdict
-from serving.gateway import Gateway, validate
-from serving.protocol import SamplingRequest, usage
-from serving.store import ApiKey
+from serving.engines.engine import Engine, TokenLogprob
+from serving.pipeline.call import Call
+from serving.pipeline.gateway import Gateway, validate
+from serving.safety.verdict import FilterVerdict
+from serving.state.store import ApiKey
+from serving.wire.errors import APIError, bad_request
+from serving.wire.protocol import SamplingRequest, usage
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for text completions
 

@@ -1,7 +1,7 @@
 """The pre-filter of the gateway: named rules, then the toxicity classifier, on a prompt before any inference.
 
-The gateway calls ``filters.pre.check(messages)`` (``serving.safety.SafetyFilters``) before it sends anything to an
-engine; a blocked prompt is answered with the refusal text.
+The gateway calls ``filters.pre.check(messages)`` (``serving.safety.filters.SafetyFilters``) before it sends anything
+to an engine; a blocked prompt is answered with the refusal text.
 
 Rules
 -----
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 from core.toxicity import ToxicityScorer
 from serving.config import SafetyConfig
-from serving.filter_verdict import FilterVerdict
+from serving.safety.verdict import FilterVerdict
 
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
 _GAP = r"[^.!?\n]{0,40}?"  # a short stretch inside one sentence

@@ -3,7 +3,7 @@
     {"response_id": "chatcmpl-...", "rating": -1, "better_answer": "...", "comment": "..."}
 
 ``response_id`` is the ``id`` of a chat completion (the request id: also the ``x-request-id`` header). The rating
-is stored on that answer's request-log row (``serving.feedback_log``), counted per model version in
+is stored on that answer's request-log row (``serving.state.ratings``), counted per model version in
 ``lifecycle_feedback_total``, read by the canary analysis (``monitoring.canary``: thumbs-down rate) and, for keys
 that opted in to training, curated into preference pairs (``training.data.curate_feedback``).
 
@@ -27,9 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from core.errors import DataError, NotFoundError
 from serving.config import RequestLimits
-from serving.errors import bad_request, invalid, not_found
-from serving.gateway import Gateway, validate
-from serving.store import ApiKey
+from serving.pipeline.gateway import Gateway, validate
+from serving.state.store import ApiKey
+from serving.wire.errors import bad_request, invalid, not_found
 
 
 class FeedbackRequest(BaseModel):

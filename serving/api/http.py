@@ -1,6 +1,6 @@
 """The gateway's outermost layer of its own: request ids, HTTP metrics, error accounting and the last-resort 500.
 
-    app.add_middleware(GatewayMiddleware, metrics=gateway.metrics)    # in serving.app.create_app
+    app.add_middleware(GatewayMiddleware, metrics=gateway.metrics)    # in serving.api.app.create_app
 
 Plain ASGI rather than ``BaseHTTPMiddleware`` (which would sit between a stream and its disconnect). For every
 HTTP request it
@@ -29,8 +29,8 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.errors import server_error
-from serving.metrics import ServingMetrics
+from serving.pipeline.metrics import ServingMetrics
+from serving.wire.errors import server_error
 
 log = logging.getLogger("lifecycle.serving")
 REQUEST_ID = "x-request-id"

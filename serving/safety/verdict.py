@@ -1,5 +1,6 @@
-"""The decision a safety filter returns, shared by the pre-filter (``serving.prefilter``) and the post-filter
-(``serving.postfilter``); the gateway logs its ``rule`` and answers with the refusal or stop text when ``blocked``.
+"""The decision a safety filter returns, shared by the pre-filter (``serving.safety.prefilter``) and the post-filter
+(``serving.safety.postfilter``); the gateway logs its ``rule`` and answers with the refusal or stop text when
+``blocked``.
 """
 
 from __future__ import annotations

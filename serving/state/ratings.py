@@ -8,7 +8,7 @@ or stopped reply the client saw); a request that failed or was refused before ge
 Rating again replaces the earlier rating (the latest is what the user means), and its time. The better answer and
 the comment are redacted (``core.redact``) before they are written, like every text of the request log.
 
-Functions take an open connection: the store owns transactions (``serving.store``).
+Functions take an open connection: the store owns transactions (``serving.state.store``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from core.errors import DataError, NotFoundError
 from core.redact import redact
-from serving.schema import Feedback, TrainingFeedback, conversations_t, keys_t, log_t, messages_t, to_utc
+from serving.state.schema import Feedback, TrainingFeedback, conversations_t, keys_t, log_t, messages_t, to_utc
 
 RATEABLE = ("ok", "content_filter")  # answers the client saw (the statuses whose turns a conversation keeps)
 _IN_CHUNK = 500
@@ -138,7 +138,8 @@ def _stateless_prompt(r: sa.Row[Any]) -> tuple[tuple[str, str], ...] | None:
 
 def _conversation_prompts(conn: sa.Connection, rows: Sequence[sa.Row[Any]]) -> dict[int, tuple[tuple[str, str], ...]]:
     """Log row id -> the conversation's context before the reply that row recorded (system prompt, then the turns
-    the model saw: blocked exchanges are left out, as ``serving.gateway`` leaves them out of every later context).
+    the model saw: blocked exchanges are left out, as ``serving.pipeline.gateway`` leaves them out of every later
+    context).
 
     A row is matched to its stored reply by text (the log holds it redacted), in order, as
     ``ServingStore.training_conversations`` matches them; a row without a matching reply gets no prompt."""

@@ -4,16 +4,16 @@
 
 Routes (OpenAI's first, then ours, marked as extensions in the OpenAPI tags):
     POST /v1/chat/completions     streaming (SSE) and non-streaming
-    POST /v1/completions          text completions with logprobs and echo (serving.completions)
+    POST /v1/completions          text completions with logprobs and echo (serving.api.completions)
     GET  /v1/models
     GET  /v1/conversations, GET/DELETE /v1/conversations/{id}     (extension)
     GET  /v1/usage                                                 (extension)
-    POST /v1/feedback             thumbs up/down on an answer      (extension, serving.feedback)
+    POST /v1/feedback             thumbs up/down on an answer      (extension, serving.api.feedback)
     GET|HEAD /healthz /readyz, GET /metrics, GET / (the chat page)
 
 Every response carries ``x-request-id``; answers carry ``x-model-version``. Errors are OpenAI-shaped JSON with the
-right 4xx status for anything a client sent (``serving.errors``), counted and logged by ``serving.http``; the
-OpenAPI document at ``/openapi.json`` declares every body and every error answer (``serving.openapi``).
+right 4xx status for anything a client sent (``serving.wire.errors``), counted and logged by ``serving.api.http``; the
+OpenAPI document at ``/openapi.json`` declares every body and every error answer (``serving.wire.openapi``).
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from core.errors import NotFoundError
-from serving import chat, completions, feedback, openapi
-from serving.body import read_json
-from serving.call import Call
-from serving.errors import APIError, bad_request, error_body, not_found, unauthorized, unavailable
-from serving.gateway import Gateway
-from serving.http import REQUEST_ID, GatewayMiddleware, set_error_code
-from serving.protocol import ChatCompletionRequest
+from serving.api import chat, completions, feedback
+from serving.api.body import read_json
+from serving.api.http import REQUEST_ID, GatewayMiddleware, set_error_code
+from serving.pipeline.call import Call
+from serving.pipeline.gateway import Gateway
+from serving.wire import openapi
+from serving.wire.errors import APIError, bad_request, error_body, not_found, unauthorized, unavailable
+from serving.wire.protocol import ChatCompletionRequest
 
 if TYPE_CHECKING:
     from serving.runtime import GatewayRuntime

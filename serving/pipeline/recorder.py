@@ -14,13 +14,13 @@ import time
 from datetime import UTC, datetime
 
 from core.refusal import is_refusal
-from serving.brownout import TtftWindow
-from serving.call import Call
 from serving.config import ServingConfig
-from serving.errors import APIError
-from serving.limits import RateLimiter
-from serving.metrics import ServingMetrics
-from serving.store import ApiKey, RequestLogEntry, ServingStore
+from serving.engines.brownout import TtftWindow
+from serving.pipeline.call import Call
+from serving.pipeline.limits import RateLimiter
+from serving.pipeline.metrics import ServingMetrics
+from serving.state.store import ApiKey, RequestLogEntry, ServingStore
+from serving.wire.errors import APIError
 
 log = logging.getLogger("lifecycle.serving")
 
@@ -105,7 +105,7 @@ class Recorder:
 
     def rejected(self, request_id: str, key: ApiKey | None, model: str, exc: APIError, started: float) -> None:
         """Requests refused before generation (401 excepted: no key, nothing to attribute) still leave a row.
-        (The error metric is counted by ``serving.http.GatewayMiddleware``.)"""
+        (The error metric is counted by ``serving.api.http.GatewayMiddleware``.)"""
         if exc.status == 401:
             return
         try:

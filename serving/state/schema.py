@@ -1,4 +1,4 @@
-"""The serving database's tables, and the frozen records ``ServingStore`` (``serving.store``) reads from them.
+"""The serving database's tables, and the frozen records ``ServingStore`` (``serving.state.store``) reads from them.
 
 Portable column types only, so the same tables run on SQLite and on Postgres; every datetime column is a
 ``UtcDateTime`` (stored as UTC, handed back timezone-aware). Key id columns are plain indexed strings (no foreign key)

@@ -7,7 +7,7 @@ where they would fail later: types are strict (``"stream": "yes"`` or ``1`` is a
 or ``1.0`` is not an integer, ``false`` is not a number), ``seed`` fits a
 signed 64-bit integer, ``logit_bias`` values lie in [-100, 100] and its keys are token ids (checked against the
 served model's vocabulary by the gateway), stop strings are non-empty, and a conversation has a user turn.
-``SamplingRequest`` holds what chat and text completions (``serving.completions``) share.
+``SamplingRequest`` holds what chat and text completions (``serving.api.completions``) share.
 
 Our extension, marked as such: ``conversation_id`` in the request continues a stored conversation (the value
 ``"new"`` starts one); the response carries ``conversation_id`` and the ``x-conversation-id`` header.
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, field_validator
 
 from serving.config import RequestLimits
-from serving.errors import bad_request
+from serving.wire.errors import bad_request
 
 NEW_CONVERSATION = "new"
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what the engine's random generator takes

@@ -1,7 +1,7 @@
 """The OpenAPI document of the gateway: what each route takes and every answer it can give, so fuzzers
 (schemathesis runs in the test suite against a live gateway) and client generators can use it.
 
-The routes read their JSON bodies themselves (``serving.body``: size, media type, depth and surrogates come
+The routes read their JSON bodies themselves (``serving.api.body``: size, media type, depth and surrogates come
 before any parsing), so FastAPI cannot infer the request bodies: ``body(Model)`` declares one from the same
 pydantic model the route validates with. The response models below describe the JSON the routes build; they
 are documentation, checked against the live answers by the schemathesis test, not used to build them.

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from core.errors import LifecycleError, NotFoundError
 from registry.store import Deployment, ModelVersion, parse_ref
 from serving.config import RoutingConfig
-from serving.engine import Adapter, Engine
+from serving.engines.engine import Adapter, Engine
 
 log = logging.getLogger("lifecycle.serving")
 

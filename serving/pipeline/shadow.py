@@ -39,13 +39,13 @@ from core.embedding import Embedder
 from core.embedding import MiniLmEmbedder as MiniLmEmbedder  # re-exported: the gateway builds it from here
 from core.refusal import is_refusal
 from core.toxicity import ToxicityScorer
-from serving import split
 from serving.config import ShadowConfig
-from serving.engine import GenerationRequest, close_stream
-from serving.faults import Faults
-from serving.metrics import ServingMetrics
-from serving.router import ServedModel
-from serving.store import ServingStore, ShadowLogEntry
+from serving.engines import split
+from serving.engines.engine import GenerationRequest, close_stream
+from serving.engines.faults import Faults
+from serving.engines.router import ServedModel
+from serving.pipeline.metrics import ServingMetrics
+from serving.state.store import ServingStore, ShadowLogEntry
 
 log = logging.getLogger("lifecycle.serving")
 BUDGET_WINDOW_S = 60.0

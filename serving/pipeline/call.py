@@ -1,17 +1,18 @@
-"""``Call``: everything one chat-completion request accumulates on its way through the gateway (``serving.gateway``),
-from the routing decision to the text released; ``Gateway.finish`` turns it into records."""
+"""``Call``: everything one chat-completion request accumulates on its way through the gateway
+(``serving.pipeline.gateway``), from the routing decision to the text released; ``Gateway.finish`` turns it
+into records."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from serving import protocol
-from serving.brownout import BrownoutDecision
-from serving.engine import TokenLogprob
-from serving.router import ServedModel
-from serving.shadow import ShadowRun
-from serving.store import ApiKey
+from serving.engines.brownout import BrownoutDecision
+from serving.engines.engine import TokenLogprob
+from serving.engines.router import ServedModel
+from serving.pipeline.shadow import ShadowRun
+from serving.state.store import ApiKey
+from serving.wire import protocol
 
 
 @dataclass
@@ -21,7 +22,7 @@ class Call:
     request_id: str
     started: float
     key: ApiKey | None
-    request: protocol.SamplingRequest  # a ChatCompletionRequest, or a CompletionRequest (serving.completions)
+    request: protocol.SamplingRequest  # a ChatCompletionRequest, or a CompletionRequest (serving.api.completions)
     served: ServedModel
     route: str  # primary | canary | canary-unavailable | fallback | brownout | brownout-fallback
     brownout: BrownoutDecision

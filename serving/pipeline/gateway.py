@@ -1,13 +1,13 @@
-"""The request pipeline of ``POST /v1/chat/completions`` (and of ``/v1/completions``, ``serving.completions``),
+"""The request pipeline of ``POST /v1/chat/completions`` (and of ``/v1/completions``, ``serving.api.completions``),
 independent of the web framework.
 
-    authenticate -> requests/minute -> body (serving.body) -> parse -> route (model name -> version)
+    authenticate -> requests/minute -> body (serving.api.body) -> parse -> route (model name -> version)
       -> conversation history -> traffic split (champion or canary) -> brownout / fallback choice
       -> context budget + pre-filter (in a worker thread) -> tokens/minute (reserved)
       -> engine (streamed through the post-filter; mirrored to the shadow)
-      -> usage, conversation, request log, metrics (serving.recorder)
+      -> usage, conversation, request log, metrics (serving.pipeline.recorder)
 
-Everything a client controls is checked before work is spent on it (sizes and shapes in ``serving.body`` and the
+Everything a client controls is checked before work is spent on it (sizes and shapes in ``serving.api.body`` and the
 protocol models, the ``logit_bias`` ids against the served model's vocabulary here), and the CPU-heavy steps (the
 chat template and tokenization while fitting the context, the pre-filter's rules and classifier) run in a worker
 thread: the event loop keeps answering other requests and ``/healthz`` while the largest accepted request is
@@ -48,14 +48,24 @@ import anyio
 from pydantic import BaseModel, ValidationError
 
 from core.errors import NotFoundError
-from serving import context as ctxmod
-from serving import protocol, split
-from serving.brownout import BrownoutDecision, decide
-from serving.call import Call
 from serving.config import ServingConfig
-from serving.context import FittedPrompt
-from serving.engine import Engine, EngineDead, GenerationRequest, close_stream
-from serving.errors import (
+from serving.engines import split
+from serving.engines.brownout import BrownoutDecision, decide
+from serving.engines.engine import Engine, EngineDead, GenerationRequest, close_stream
+from serving.engines.faults import Faults
+from serving.engines.router import Route, Router, ServedModel
+from serving.pipeline import context as ctxmod
+from serving.pipeline.call import Call
+from serving.pipeline.context import FittedPrompt
+from serving.pipeline.limits import RateLimiter
+from serving.pipeline.metrics import ServingMetrics
+from serving.pipeline.recorder import Recorder
+from serving.pipeline.shadow import Embedder, MiniLmEmbedder, PrimaryResult, ShadowMirror
+from serving.safety.filters import SafetyFilters
+from serving.safety.verdict import FilterVerdict
+from serving.state.store import ApiKey, ServingStore, new_conversation_id
+from serving.wire import protocol
+from serving.wire.errors import (
     APIError,
     bad_request,
     invalid,
@@ -65,15 +75,6 @@ from serving.errors import (
     unauthorized,
     unavailable,
 )
-from serving.faults import Faults
-from serving.filter_verdict import FilterVerdict
-from serving.limits import RateLimiter
-from serving.metrics import ServingMetrics
-from serving.recorder import Recorder
-from serving.router import Route, Router, ServedModel
-from serving.safety import SafetyFilters
-from serving.shadow import Embedder, MiniLmEmbedder, PrimaryResult, ShadowMirror
-from serving.store import ApiKey, ServingStore, new_conversation_id
 
 SHADOWED_ROUTES = ("primary", "canary", "canary-unavailable")  # the ok path: no brownout, no fallback
 
@@ -517,7 +518,7 @@ class Gateway:
 
     async def recorded(self, request_id: str) -> None:
         """Wait until the record write of ``request_id`` (if one is running) is done: a client rating an answer
-        right after its response must find the request-log row (``serving.feedback``). Answers are recorded
+        right after its response must find the request-log row (``serving.api.feedback``). Answers are recorded
         before their client gets them (``settle``); this covers the requests recorded in the background."""
         task = self._recording.get(request_id)
         if task is not None:

@@ -1,4 +1,4 @@
-"""The answers of ``POST /v1/chat/completions``, on top of the gateway's pipeline (``serving.gateway``): the
+"""The answers of ``POST /v1/chat/completions``, on top of the gateway's pipeline (``serving.pipeline.gateway``): the
 non-streaming body, the SSE stream of chat chunks, and the conversation turns saved before either ends.
 
     call = await gw.prepare(key, req, request_id)
@@ -16,9 +16,9 @@ from typing import Any
 
 import anyio
 
-from serving import protocol
-from serving.call import Call
-from serving.gateway import Gateway
+from serving.pipeline.call import Call
+from serving.pipeline.gateway import Gateway
+from serving.wire import protocol
 
 
 async def complete(gw: Gateway, call: Call) -> dict[str, Any]:

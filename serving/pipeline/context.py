@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving.config import ContextConfig
-from serving.engine import Tokenizer
-from serving.errors import bad_request
+from serving.engines.engine import Tokenizer
+from serving.wire.errors import bad_request
 
 
 @dataclass(frozen=True)

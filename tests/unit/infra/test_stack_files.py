@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from compose_helpers import (
+from support.compose_helpers import (
     COMPOSE,
     INFRA,
     INTERPOLATION,
@@ -254,7 +254,7 @@ def service_argv(name: str) -> list[str]:
 def gateway_routes() -> set[str]:
     """GET routes of the gateway app (serving/api/app.py: ``@app.get(...)`` and ``@app.api_route(...)``, which the app
     uses for GET + HEAD)."""
-    text = (REPO / "serving" / "app.py").read_text(encoding="utf-8")
+    text = (REPO / "serving" / "api" / "app.py").read_text(encoding="utf-8")
     return set(re.findall(r"@app\.(?:get|api_route)\(\s*\"([^\"]+)\"", text))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rollout_helpers import record_passing_gate
+from support.rollout_helpers import record_passing_gate
 
 from core.config import deep_merge
 from core.home import Home

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from postgres_helpers import MlflowServer, PostgresCluster, Unavailable, postgres_bin
+from support.postgres_helpers import MlflowServer, PostgresCluster, Unavailable, postgres_bin
 
 from core.config import deep_merge
 from core.home import Home
@@ -184,7 +184,7 @@ def test_feedback_is_stored_on_its_row_and_read_for_curation_on_postgres(postgre
 
 def test_text_with_nul_characters_is_stored_on_postgres(postgres: PostgresCluster) -> None:
     # a reply the tiny model generated held a NUL: on PostgreSQL it cost the turn and the request-log row
-    from helpers import assert_stores_nul_text
+    from support.helpers import assert_stores_nul_text
 
     from serving.state.store import ServingStore
 
@@ -281,7 +281,7 @@ def world(
     tiny_base_model: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[World]:
-    from helpers import train_version
+    from support.helpers import train_version
 
     root = tmp_path_factory.mktemp("postgres-lifecycle")
     mlflow_db = postgres.create_database("mlflow")
@@ -359,7 +359,7 @@ def _traffic(store: Any, at: datetime, version: str, n: int, **fields: Any) -> N
 def _register_second_version(world: World) -> Any:
     """chat/2 without a fine-tune (a random LoRA adapter on the same base), gated by a record, not by evals: the
     rollout is under test here, the gate ran on chat/1."""
-    from helpers import lora_adapter
+    from support.helpers import lora_adapter
 
     from registry.gate import GateRecord, record_gate
 

@@ -2,7 +2,8 @@
 go to the fallback instead of failing, /readyz says "degraded" and why, a pinned version on the dead engine is a
 503 (not a silent substitute); the supervisor restarts the engine (slow test).
 
-(Named to run after test_serving.py and test_serving_web.py, which share the gateway.)
+The module starts a gateway of its own (``failover_gateway``): killing an engine of the session's gateway would
+leave the tests that share it (test_serving.py, test_serving_web.py ...) on a degraded one, whatever order they run in.
 """
 
 from __future__ import annotations
@@ -10,14 +11,27 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from gateway_helpers import Gateway
+from support.gateway_helpers import Gateway, started_gateway
+
+from flows.config import LifecycleConfig
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.fixture(scope="module")
+def failover_gateway(
+    tiny_config: LifecycleConfig, tiny_base_model: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """A gateway of this module's own, whose engines these tests may kill."""
+    with started_gateway(tiny_config, Path(tiny_base_model.path), tmp_path_factory) as gw:
+        yield gw
 
 
 def _ready(gw: Gateway) -> dict[str, Any]:
@@ -36,7 +50,8 @@ def _wait_for(gw: Gateway, status: str, timeout_s: float) -> dict[str, Any]:
     raise AssertionError(f"readyz never said {status!r}: {body}")
 
 
-def test_engine_death_fails_over_to_the_fallback(gateway: Gateway) -> None:
+def test_engine_death_fails_over_to_the_fallback(failover_gateway: Gateway) -> None:
+    gateway = failover_gateway
     client = gateway.client()
     before = _ready(gateway)
     primary_key = next(k for k in before["engines"] if k.startswith("lora:"))
@@ -68,7 +83,8 @@ def test_engine_death_fails_over_to_the_fallback(gateway: Gateway) -> None:
 
 
 @pytest.mark.slow  # waits for a real engine restart (~40 s); the supervisor's restart logic is unit-tested on fakes
-def test_the_supervisor_restarts_a_dead_engine(gateway: Gateway) -> None:
+def test_the_supervisor_restarts_a_dead_engine(failover_gateway: Gateway) -> None:
+    gateway = failover_gateway
     state = _ready(gateway)
     if state["status"] == "ready":  # run alone: kill the primary's engine first
         key = next(k for k in state["engines"] if k.startswith("lora:"))

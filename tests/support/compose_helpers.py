@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 COMPOSE = INFRA / "compose.yaml"
 ENV_EXAMPLE = INFRA / ".env.example"

@@ -1,8 +1,10 @@
-"""The running gateway as tests see it (the fixture is in tests/integration/conftest.py)."""
+"""The running gateway as tests see it, and ``started_gateway``, which starts one (the session's is the ``gateway``
+fixture of tests/integration/conftest.py; the engine-death tests start their own)."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from core.home import Home
 from flows.config import LifecycleConfig
@@ -98,3 +101,46 @@ def tokens(base: Path) -> tuple[int, str, int]:
     assert candidates, "the tiny tokenizer has no 4-letter token"
     token_id, text = candidates[len(candidates) // 2]
     return token_id, text * 3, candidates[0][0]
+
+
+@contextmanager
+def started_gateway(tiny_config: LifecycleConfig, base: Path, factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A real ``bentoml serve`` with its own home folder, registry and database, the versions and keys above."""
+    from flows.stages import serve_spec
+    from serving.config import FaultConfig
+    from serving.launcher import GatewayProcess
+    from serving.runtime import database_url
+    from serving.state.store import ServingStore
+    from support.helpers import register_serving_versions
+
+    home = Home(factory.mktemp("gateway-home"))
+    versions = register_serving_versions(tiny_config, home, base, factory.mktemp("adapters"))
+    bad_id, bad, benign_id = tokens(base)
+    slow = versions["slow"].ref
+    serving = tiny_config.serving.model_copy(
+        update={
+            "port": 0,
+            "faults": [FaultConfig(version=slow, tpot_delay_ms=SLOW_DELTA_DELAY_MS)],
+            "routing": tiny_config.serving.routing.model_copy(update={"fallback": "chat@previous-champion"}),
+            "engine": tiny_config.serving.engine.model_copy(update={"max_num_seqs": 2}),
+            "safety": tiny_config.serving.safety.model_copy(update={"blocked_output_patterns": [re.escape(bad)]}),
+            "brownout": tiny_config.serving.brownout.model_copy(
+                # queue depth alone triggers it here: the brownout test's own queued requests wait seconds for a
+                # first token on a slow machine, and a TTFT trigger would then brown out the calm request after
+                # (the TTFT trigger is unit-tested)
+                update={"queue_depth": 3, "max_tokens": BROWNOUT_MAX_TOKENS, "ttft_ms": 3_600_000}
+            ),
+        }
+    )
+    cfg = tiny_config.model_copy(update={"serving": serving})
+    spec = serve_spec(cfg, home)
+    with ServingStore(database_url(spec)) as store:
+        # the suite sends well over the default 60 requests a minute on this key; limits are tested on "limited"
+        _, key = store.create_key("tests", requests_per_minute=100_000, tokens_per_minute=100_000_000)
+        _, other = store.create_key("other-tenant")
+        _, limited = store.create_key("limited", requests_per_minute=2, tokens_per_minute=200)
+        _, evals = store.create_key("evals", requests_per_minute=100_000, tokens_per_minute=10_000_000)
+    with GatewayProcess(spec) as proc:
+        yield Gateway(
+            proc.url, key, other, limited, evals, "chat", home, cfg, versions, bad_id, bad, benign_id, slow, proc
+        )

@@ -1,4 +1,4 @@
-"""Small helpers shared by tests (importable because pyproject puts tests/ on the path)."""
+"""Small helpers shared by tests (``support.helpers``: importable because pyproject puts tests/ on the path)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def chat(user: str, assistant: str, system: str | None = None, **metadata: Any) 
 def finetune_in_subprocess(
     cfg_json: str, snapshot_root: str, snapshot_hash: str, base: str, run_dir: str, dpo: str | None = None
 ) -> None:
-    """Entry point for tests that kill a fine-tune mid-way: ``python -c "import helpers; helpers...(...)"``;
+    """Entry point for tests that kill a fine-tune mid-way:
+    ``python -c "from support import helpers; helpers...(...)"``;
     ``dpo``: the preference stage's objective as JSON (``DpoSpec.job()``: loss, beta, sft_weight, reference_model)."""
     from pathlib import Path
 
@@ -144,14 +145,14 @@ def killed_after_first_checkpoint(call: str, run_dir: Path) -> None:
     import sys
     import time
 
-    from cli_helpers import paused_after_first_checkpoint
+    from support.cli_helpers import paused_after_first_checkpoint
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     # the caller's path kept after ours: packages installed beside the interpreter's (a GPU machine's carried wheels)
     path = os.pathsep.join(filter(None, [str(repo / "tests"), str(repo), os.environ.get("PYTHONPATH")]))
     env = paused_after_first_checkpoint({**os.environ, "PYTHONPATH": path})
     proc = subprocess.Popen(
-        [sys.executable, "-c", f"import helpers; helpers.{call}"],
+        [sys.executable, "-c", f"from support import helpers; helpers.{call}"],
         env=env,
         start_new_session=True,
         stdout=subprocess.DEVNULL,

@@ -35,7 +35,7 @@ from typing import Any
 
 from core.process import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install-services.sh"
 USER = "lifecycle"  # the password role the product connects as
 PASSWORD = "lifecycle-test-pw"

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, Self
 
 import httpx
-from cli_helpers import EXE, user_env
-from stack_helpers import INSTALL, Unavailable, wait_for
 
 from core.process import free_port
+from support.cli_helpers import EXE, user_env
+from support.stack_helpers import INSTALL, Unavailable, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HAPROXY_CFG = REPO / "infra" / "haproxy" / "haproxy.cfg"
 # httplog: ... termination actconn/feconn/beconn/srv_conn/retries srv_queue/backend_queue "request"
 RETRIES = re.compile(r" \d+/\d+/\d+/\d+/(\+?\d+) \d+/\d+ \"")

@@ -28,7 +28,7 @@ import httpx
 
 from core.process import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "scripts" / "stack.sh"
 INSTALL = REPO / "scripts" / "install-services.sh"
 T = TypeVar("T")

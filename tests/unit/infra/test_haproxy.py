@@ -39,7 +39,9 @@ def test_affinity_uses_the_gateways_conversation_field_and_header() -> None:
     (field,) = re.findall(r"stick match req\.body,json_query\('\$\.(\w+)'\)", TEXT)
     assert field in ChatCompletionRequest.model_fields
     (header,) = re.findall(r"stick store-response res\.hdr\(([\w-]+)\)", TEXT)
-    assert f'"{header}"' in (REPO / "serving" / "pipeline" / "call.py").read_text()  # Call.headers sets it on every answer
+    assert (
+        f'"{header}"' in (REPO / "serving" / "pipeline" / "call.py").read_text()
+    )  # Call.headers sets it on every answer
 
 
 def test_health_checks_use_the_readiness_route() -> None:

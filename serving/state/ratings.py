@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from core.errors import DataError, NotFoundError
 from core.redact import redact
+from serving.state.database import Database, utc_now
 from serving.state.schema import Feedback, TrainingFeedback, conversations_t, keys_t, log_t, messages_t, to_utc
 
 RATEABLE = ("ok", "content_filter")  # answers the client saw (the statuses whose turns a conversation keeps)
@@ -180,3 +181,24 @@ def _conversation_prompts(conn: sa.Connection, rows: Sequence[sa.Row[Any]]) -> d
                 if not msg.filtered:
                     context.append((msg.role, msg.content))
     return out
+
+
+class RatingStore(Database):
+    """Ratings on the request log's rows, through the functions above."""
+
+    def record_feedback(
+        self, key_id: str, response_id: str, rating: int, better_answer: str | None = None, comment: str | None = None
+    ) -> Feedback:
+        """Rate the key's answer ``response_id`` (+1/-1), with an optional better answer and comment, on its
+        request-log row; NotFoundError for another key's or an unknown id, DataError for a request without an
+        answer (``serving.state.ratings``)."""
+        with self._write() as conn:
+            return record(conn, key_id, response_id, rating, better_answer, comment, utc_now())
+
+    def training_feedback(self, until: datetime | None = None) -> list[TrainingFeedback]:
+        """Every rated answer (rated before ``until``), across keys, for training curation: only those of keys
+        opted in now, outside deleted conversations, carry their text (``serving.state.ratings.training_rows``)."""
+        with self._read() as conn:
+            return training_rows(conn, until)
+
+    # shadow log

@@ -212,7 +212,8 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
 ) -> None:
     import sqlalchemy as sa
 
-    from serving.state.store import ServingStore, _add_missing_columns
+    from serving.state.migrations import add_missing_columns
+    from serving.state.store import ServingStore
 
     url = postgres.create_database("serving_upgrade")
     with ServingStore(url) as store:
@@ -237,7 +238,7 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
     caplog.clear()
     engine = sa.create_engine(url)
     try:
-        assert _add_missing_columns(engine) == []  # idempotent: nothing left to add
+        assert add_missing_columns(engine) == []  # idempotent: nothing left to add
     finally:
         engine.dispose()
     with caplog.at_level(logging.INFO, logger="lifecycle.serving"), ServingStore(url) as store:

@@ -47,7 +47,7 @@ def test_affinity_uses_the_gateways_conversation_field_and_header() -> None:
 def test_health_checks_use_the_readiness_route() -> None:
     (path,) = re.findall(r"option httpchk GET (\S+)", TEXT)
     assert path == "/readyz"
-    assert '"/readyz"' in (REPO / "serving" / "api" / "app.py").read_text()
+    assert '"/readyz"' in (REPO / "serving" / "api" / "ops.py").read_text()
 
 
 def test_the_balancers_own_errors_are_openai_shaped() -> None:

@@ -32,11 +32,11 @@ from pydantic import Field, StrictBool
 
 from serving.engines.engine import Engine, TokenLogprob
 from serving.pipeline.call import Call
-from serving.pipeline.gateway import Gateway, validate
+from serving.pipeline.gateway import Gateway
 from serving.safety.verdict import FilterVerdict
 from serving.state.store import ApiKey
 from serving.wire.errors import APIError, bad_request
-from serving.wire.protocol import SamplingRequest, usage
+from serving.wire.protocol import SamplingRequest, usage, validate
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for text completions
 
@@ -117,7 +117,7 @@ def _tokenize(gw: Gateway, engine: Engine, req: CompletionRequest) -> list[tuple
 async def prepare(gw: Gateway, key: ApiKey | None, req: CompletionRequest, request_id: str) -> list[Call]:
     started = time.monotonic()
     route = gw.route(req.model)
-    served, route_kind, brownout, assigned = gw.select(route, (key.id if key else None) or request_id, None)
+    served, route_kind, brownout, assigned = gw.selection.select(route, (key.id if key else None) or request_id, None)
     engine = served.engine
     gw.check_vocabulary(req, engine)
     prompts = await anyio.to_thread.run_sync(_tokenize, gw, engine, req)

@@ -27,9 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from core.errors import DataError, NotFoundError
 from serving.config import RequestLimits
-from serving.pipeline.gateway import Gateway, validate
+from serving.pipeline.gateway import Gateway
 from serving.state.store import ApiKey
 from serving.wire.errors import bad_request, invalid, not_found
+from serving.wire.protocol import validate
 
 
 class FeedbackRequest(BaseModel):

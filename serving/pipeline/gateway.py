@@ -41,25 +41,22 @@ import secrets
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
-from pydantic import BaseModel, ValidationError
 
 from core.errors import NotFoundError
 from serving.config import ServingConfig
-from serving.engines import split
-from serving.engines.brownout import BrownoutDecision, decide
 from serving.engines.engine import Engine, EngineDead, GenerationRequest, close_stream
 from serving.engines.faults import Faults
-from serving.engines.router import Route, Router, ServedModel
+from serving.engines.router import Route, Router
 from serving.pipeline import context as ctxmod
 from serving.pipeline.call import Call
 from serving.pipeline.context import FittedPrompt
 from serving.pipeline.limits import RateLimiter
 from serving.pipeline.metrics import ServingMetrics
 from serving.pipeline.recorder import Recorder
+from serving.pipeline.selection import Selection
 from serving.pipeline.shadow import Embedder, MiniLmEmbedder, PrimaryResult, ShadowMirror
 from serving.safety.filters import SafetyFilters
 from serving.safety.verdict import FilterVerdict
@@ -79,21 +76,6 @@ from serving.wire.errors import (
 SHADOWED_ROUTES = ("primary", "canary", "canary-unavailable")  # the ok path: no brownout, no fallback
 
 log = logging.getLogger("lifecycle.serving")
-M = TypeVar("M", bound=BaseModel)
-
-
-def validate(model: type[M], raw: dict[str, Any]) -> M:
-    """``raw`` as a request model, or a 422 naming the first field that breaks it."""
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = list(first["loc"])
-        if "[key]" in loc:  # a bad dict key: name the field, not the client's key
-            loc = loc[: loc.index("[key]") - 1]
-        # field names and list indexes; not pydantic's names of union members ("list[constrained-str]")
-        param = ".".join(str(p) for p in loc if isinstance(p, int) or p.isidentifier() or p.isdigit())
-        raise invalid(f"Invalid request: {param}: {first['msg']}", param=param or None) from None
 
 
 class Gateway:
@@ -118,6 +100,7 @@ class Gateway:
             cfg.shadow, store, filters.scorer, self.metrics, self.faults, embedder or MiniLmEmbedder()
         )
         self.recorder = Recorder(cfg, store, limiter, self.metrics)
+        self.selection = Selection(cfg, self.metrics, self.recorder.ttft)
         self._background: set[asyncio.Task[None]] = set()
         self._recording: dict[str, asyncio.Task[None]] = {}  # request id -> its record write, while it runs
         # one tokenization at a time: a fast tokenizer's Rust state is not safe under concurrent calls
@@ -151,7 +134,7 @@ class Gateway:
             )
 
     def parse(self, raw: dict[str, Any]) -> protocol.ChatCompletionRequest:
-        req = validate(protocol.ChatCompletionRequest, raw)
+        req = protocol.validate(protocol.ChatCompletionRequest, raw)
         req.check_supported(self.cfg.limits)
         return req
 
@@ -195,61 +178,6 @@ class Gateway:
         messages = [{"role": m["role"], "content": m["content"]} for m in conv.messages if not m.get("filtered")]
         return conv.id, messages, replies[-1] if replies else None
 
-    def assign(self, route: Route, sticky_key: str, last_version: str | None) -> tuple[ServedModel, str, str | None]:
-        """The traffic split: (the version to answer, the version assigned, the route it implies or None).
-        A canary assigned but not ready is answered for by the champion (``canary-unavailable``)."""
-        champion, canary = route.model, route.canary
-        if canary is None or route.canary_weight <= 0:
-            return champion, champion.ref, None
-        variant = split.variant(
-            sticky_key, route.canary_weight, last_version=last_version, champion=champion.ref, challenger=canary.ref
-        )
-        if variant == "champion":
-            return champion, champion.ref, None
-        if canary.engine.state != "ready":
-            return champion, canary.ref, "canary-unavailable"
-        return canary, canary.ref, "canary"
-
-    def choose(self, route: Route) -> tuple[ServedModel, str, BrownoutDecision]:
-        primary, fallback = route.model, route.fallback
-        fallback_ready = fallback is not None and fallback.engine.state == "ready"
-        if primary.engine.state != "ready":
-            if route.follows_alias and fallback is not None and fallback_ready:
-                self.metrics.fallback.labels("engine_unavailable").inc()
-                return fallback.via(fallback.alias), "fallback", BrownoutDecision(False)
-            raise unavailable(
-                f"{primary.ref} is unavailable (engine {primary.engine.state}) and no fallback is ready",
-                self.cfg.limits.retry_after_s,
-            )
-        window = self.recorder.ttft.get(primary.engine.key)
-        decision = decide(
-            primary.engine.queue_depth,
-            window.p90() if window else None,
-            self.cfg.brownout,
-            fallback_ready and route.follows_alias,
-        )
-        if not decision.active:
-            return primary, "primary", decision
-        if decision.use_fallback and fallback is not None:
-            self.metrics.brownout.labels("fallback").inc()
-            self.metrics.fallback.labels("brownout").inc()
-            return fallback, "brownout-fallback", decision
-        self.metrics.brownout.labels("max_tokens").inc()
-        return primary, "brownout", decision
-
-    def select(
-        self, route: Route, sticky_key: str, last_version: str | None
-    ) -> tuple[ServedModel, str, BrownoutDecision, str | None]:
-        """The traffic split, then availability and brownout: (the version that answers, the route kind, the
-        brownout decision, the version the split assigned)."""
-        primary, assigned, split_route = self.assign(route, sticky_key, last_version)
-        served, route_kind, brownout = self.choose(replace(route, model=primary))
-        if split_route is not None and route_kind == "primary":
-            route_kind = split_route
-        if route.canary is not None and route.canary_weight > 0:
-            self.metrics.canary_routes.labels(route_kind).inc()
-        return served, route_kind, brownout, assigned
-
     async def prepare(self, key: ApiKey | None, req: protocol.ChatCompletionRequest, request_id: str) -> Call:
         started = time.monotonic()
         route = self.route(req.model)
@@ -258,7 +186,7 @@ class Gateway:
         if new_conversation:  # its id exists before the split, so its later turns hash like this one
             conversation_id = new_conversation_id()
         sticky_key = conversation_id or (key.id if key else None) or request_id
-        served, route_kind, brownout, assigned = self.select(route, sticky_key, last_version)
+        served, route_kind, brownout, assigned = self.selection.select(route, sticky_key, last_version)
         new_messages = [m.plain() for m in req.messages]
         engine = served.engine
         self.check_vocabulary(req, engine)

@@ -16,12 +16,12 @@ Our extension, marked as such: ``conversation_id`` in the request continues a st
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, ValidationError, field_validator
 
 from serving.config import RequestLimits
-from serving.wire.errors import bad_request
+from serving.wire.errors import bad_request, invalid
 
 NEW_CONVERSATION = "new"
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what the engine's random generator takes
@@ -205,3 +205,20 @@ def usage_chunk(
         "choices": [],
         "usage": usage(prompt_tokens, completion_tokens),
     }
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate(model: type[M], raw: dict[str, Any]) -> M:
+    """``raw`` as a request model, or a 422 naming the first field that breaks it."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = list(first["loc"])
+        if "[key]" in loc:  # a bad dict key: name the field, not the client's key
+            loc = loc[: loc.index("[key]") - 1]
+        # field names and list indexes; not pydantic's names of union members ("list[constrained-str]")
+        param = ".".join(str(p) for p in loc if isinstance(p, int) or p.isidentifier() or p.isdigit())
+        raise invalid(f"Invalid request: {param}: {first['msg']}", param=param or None) from None

@@ -35,6 +35,7 @@ from serving.pipeline.call import Call
 from serving.pipeline.gateway import Gateway
 from serving.safety.verdict import FilterVerdict
 from serving.state.store import ApiKey
+from serving.wire import responses
 from serving.wire.errors import APIError, bad_request
 from serving.wire.protocol import SamplingRequest, usage, validate
 
@@ -168,7 +169,7 @@ async def prepare(gw: Gateway, key: ApiKey | None, req: CompletionRequest, reque
 
 async def complete(gw: Gateway, req: CompletionRequest, calls: list[Call]) -> dict[str, Any]:
     """The non-streaming response: every prompt's completion, generated side by side."""
-    choices: list[dict[str, Any]] = [{} for _ in calls]
+    choices: dict[int, responses.CompletionChoice] = {}
 
     async def one(i: int, call: Call) -> None:
         async for _ in gw.run(call):
@@ -181,14 +182,15 @@ async def complete(gw: Gateway, req: CompletionRequest, calls: list[Call]) -> di
     first = calls[0]
     prompt_tokens = sum(len(c.prompt_ids) for c in calls)
     completion_tokens = sum(c.completion_tokens for c in calls)
-    return {
-        "id": first.request_id.rsplit("-", 1)[0] if len(calls) > 1 else first.request_id,
-        "object": "text_completion",
-        "created": first.created,
-        "model": req.model,
-        "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
-    }
+    body = responses.Completion(
+        id=first.request_id.rsplit("-", 1)[0] if len(calls) > 1 else first.request_id,
+        object="text_completion",
+        created=first.created,
+        model=req.model,
+        choices=[choices[i] for i in range(len(calls))],
+        usage=usage(prompt_tokens, completion_tokens),
+    )
+    return responses.dump(body)
 
 
 def sse(gw: Gateway, req: CompletionRequest, call: Call) -> Any:
@@ -196,34 +198,31 @@ def sse(gw: Gateway, req: CompletionRequest, call: Call) -> Any:
     rid, created = call.request_id, call.created
 
     def event(text: str, finish: str | None = None) -> dict[str, Any]:
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": req.model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        }
+        choice = responses.CompletionChoice(index=0, text=text, logprobs=None, finish_reason=finish)
+        body = responses.CompletionChunk(
+            id=rid, object="text_completion", created=created, model=req.model, choices=[choice]
+        )
+        return responses.dump(body)
 
     async def closing() -> list[dict[str, Any]]:
         events = [event("", call.finish_reason)]
         opts = req.stream_options
         if opts is not None and opts.include_usage:
-            events.append(
-                {
-                    "id": rid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": req.model,
-                    "choices": [],
-                    "usage": usage(len(call.prompt_ids), call.completion_tokens),
-                }
+            body = responses.CompletionChunk(
+                id=rid,
+                object="text_completion",
+                created=created,
+                model=req.model,
+                choices=[],
+                usage=usage(len(call.prompt_ids), call.completion_tokens),
             )
+            events.append(responses.dump(body))
         return events
 
     return gw.events(call, [event(call.prompt_text)] if req.echo else [], event, closing)
 
 
-def _choice(index: int, call: Call, req: CompletionRequest) -> dict[str, Any]:
+def _choice(index: int, call: Call, req: CompletionRequest) -> responses.CompletionChoice:
     generated = "".join(call.text)
     scoring_only = req.echo and req.max_tokens == 0
     text = (call.prompt_text if req.echo else "") + ("" if scoring_only else generated)
@@ -238,20 +237,26 @@ def _choice(index: int, call: Call, req: CompletionRequest) -> dict[str, Any]:
             tokens += call.logprobs
             ids += [t.token_id for t in call.logprobs]
         logprobs = _logprobs_body(call, ids, tokens)
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": call.finish_reason}
+    return responses.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=call.finish_reason)
 
 
-def _logprobs_body(call: Call, ids: list[int], tokens: list[TokenLogprob | None]) -> dict[str, Any]:
+def _logprobs_body(call: Call, ids: list[int], tokens: list[TokenLogprob | None]) -> responses.CompletionLogprobs:
     """OpenAI's completions logprobs: per position the token's text, its logprob (null for the first prompt
     token), the top candidates, and the text offset."""
     decode = call.served.engine.tokenizer.decode
-    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    texts: list[str] = []
+    logprobs: list[float | None] = []
+    top: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     offset = 0
     for token_id, lp in zip(ids, tokens, strict=False):
         text = decode([token_id]) if lp is None else lp.text
-        out["tokens"].append(text)
-        out["token_logprobs"].append(None if lp is None else lp.logprob)
-        out["top_logprobs"].append(None if lp is None else dict(lp.top))
-        out["text_offset"].append(offset)
+        texts.append(text)
+        logprobs.append(None if lp is None else lp.logprob)
+        top.append(None if lp is None else dict(lp.top))
+        offsets.append(offset)
         offset += len(text)
-    return out
+    # constructed, not validated: the engine's numbers go out as they are
+    return responses.CompletionLogprobs.model_construct(
+        tokens=texts, token_logprobs=logprobs, top_logprobs=top, text_offset=offsets
+    )

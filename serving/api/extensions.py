@@ -13,7 +13,7 @@ from core.errors import NotFoundError
 from serving.api import feedback
 from serving.api.admission import gateway, tenant
 from serving.api.body import read_json
-from serving.wire import openapi
+from serving.wire import openapi, responses
 from serving.wire.errors import bad_request, not_found
 
 router = APIRouter()
@@ -38,7 +38,7 @@ async def list_conversations(request: Request, limit: int = 20, before: str | No
             code="invalid_cursor",
             param="before",
         ) from None
-    return {"object": "list", "data": [_conversation(c, messages=False) for c in convs]}
+    return responses.dump(responses.ConversationList(object="list", data=[_conversation(c) for c in convs]))
 
 
 @router.get(
@@ -54,7 +54,7 @@ async def get_conversation(request: Request, conversation_id: str) -> dict[str, 
         conv = await anyio.to_thread.run_sync(gw.store.get_conversation, key.id, conversation_id)
     except NotFoundError as exc:
         raise not_found(str(exc), code="conversation_not_found") from None
-    return _conversation(conv, messages=True)
+    return responses.dump(_conversation(conv, with_messages=True))
 
 
 @router.delete(
@@ -85,17 +85,17 @@ async def usage(request: Request, start: str | None = None, end: str | None = No
     first, last = _day(start, "start"), _day(end, "end")
     rows = await anyio.to_thread.run_sync(lambda: gw.store.usage(key.id, first, last))
     data = [
-        {
-            "date": r.day.isoformat(),
-            "model": r.model,
-            "requests": r.requests,
-            "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens,
-            "total_tokens": r.prompt_tokens + r.completion_tokens,
-        }
+        responses.UsageDay(
+            date=r.day.isoformat(),
+            model=r.model,
+            requests=r.requests,
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens,
+            total_tokens=r.prompt_tokens + r.completion_tokens,
+        )
         for r in rows
     ]
-    return {"object": "list", "key_id": key.id, "data": data}
+    return responses.dump(responses.UsageList(object="list", key_id=key.id, data=data))
 
 
 @router.post(
@@ -122,15 +122,13 @@ def _day(value: str | None, param: str) -> date | None:
         raise bad_request(f"{param} must be a date like 2026-11-21, got {value!r}", param=param) from None
 
 
-def _conversation(conv: Any, *, messages: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": conv.id,
-        "object": "conversation",
-        "created": int(conv.created_at.timestamp()),
-        "model": conv.model,
-    }
-    if messages:
-        out["messages"] = [
-            {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in m.items()} for m in conv.messages
+def _conversation(conv: Any, *, with_messages: bool = False) -> responses.ConversationOut:
+    out = responses.ConversationOut(
+        id=conv.id, object="conversation", created=int(conv.created_at.timestamp()), model=conv.model
+    )
+    if with_messages:
+        out.messages = [
+            responses.StoredMessageOut(**{k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in m.items()})
+            for m in conv.messages
         ]
     return out

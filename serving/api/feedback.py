@@ -29,6 +29,7 @@ from core.errors import DataError, NotFoundError
 from serving.config import RequestLimits
 from serving.pipeline.gateway import Gateway
 from serving.state.store import ApiKey
+from serving.wire import responses
 from serving.wire.errors import bad_request, invalid, not_found
 from serving.wire.protocol import validate
 
@@ -79,11 +80,12 @@ async def submit(gw: Gateway, key: ApiKey, req: FeedbackRequest) -> dict[str, An
     except DataError as exc:
         raise bad_request(str(exc), code="response_not_rateable", param="response_id") from None
     gw.metrics.feedback.labels(fb.model_version or "none", "up" if fb.rating > 0 else "down").inc()
-    return {
-        "object": "feedback",
-        "response_id": fb.response_id,
-        "rating": fb.rating,
-        "better_answer": fb.better_answer is not None,
-        "model_version": fb.model_version,
-        "created": int(fb.at.timestamp()),
-    }
+    body = responses.FeedbackOut(
+        object="feedback",
+        response_id=fb.response_id,
+        rating=fb.rating,
+        better_answer=fb.better_answer is not None,
+        model_version=fb.model_version,
+        created=int(fb.at.timestamp()),
+    )
+    return responses.dump(body)

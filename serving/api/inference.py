@@ -14,7 +14,7 @@ from serving.api import chat, completions
 from serving.api.admission import admit, answer, gateway, runtime, sse
 from serving.api.http import REQUEST_ID
 from serving.pipeline.gateway import Gateway
-from serving.wire import openapi
+from serving.wire import openapi, responses
 from serving.wire.protocol import ChatCompletionRequest
 
 router = APIRouter()
@@ -63,28 +63,12 @@ async def models(request: Request) -> dict[str, Any]:
     await gw.authenticate(request.headers.get("authorization"))
     table = gw.router
     created = int(runtime(request).started_at)
-    data = [
-        {
-            "id": table.routing.served_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "chat-lifecycle",
-            "x_model_version": _primary_header(gw),
-        }
-    ]
+    card = partial(responses.ModelCard, object="model", created=created, owned_by="chat-lifecycle")
+    data = [card(id=table.routing.served_name, x_model_version=_primary_header(gw))]
     for alias, version in sorted(table.aliases.items()):
-        data.append(
-            {
-                "id": f"{table.model_name}@{alias}",
-                "object": "model",
-                "created": created,
-                "owned_by": "chat-lifecycle",
-                "x_model_version": f"{table.model_name}/{version}",
-            }
-        )
-    for served in sorted(table.models(), key=lambda s: int(s.version)):
-        data.append({"id": served.ref, "object": "model", "created": created, "owned_by": "chat-lifecycle"})
-    return {"object": "list", "data": data}
+        data.append(card(id=f"{table.model_name}@{alias}", x_model_version=f"{table.model_name}/{version}"))
+    data += [card(id=served.ref) for served in sorted(table.models(), key=lambda s: int(s.version))]
+    return responses.dump(responses.ModelList(object="list", data=data))
 
 
 def _primary_header(gw: Gateway) -> str | None:

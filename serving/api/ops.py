@@ -6,13 +6,14 @@ from __future__ import annotations
 import hmac
 import os
 from pathlib import Path
+from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from serving.api.admission import runtime
-from serving.wire import openapi
+from serving.wire import openapi, responses
 from serving.wire.errors import unauthorized
 
 PAGE = Path(__file__).resolve().parent / "web" / "index.html"
@@ -28,8 +29,8 @@ router = APIRouter()
     responses=openapi.answers(openapi.Health, {}),
     openapi_extra=openapi.NO_KEY,
 )
-async def healthz() -> dict[str, str]:
-    return {"status": "alive"}
+async def healthz() -> dict[str, Any]:
+    return responses.dump(responses.Health(status="alive"))
 
 
 @router.api_route(

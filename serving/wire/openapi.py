@@ -3,9 +3,9 @@
 
 The routes read their JSON bodies themselves (``serving.api.body``: size, media type, depth and surrogates come
 before any parsing), so FastAPI cannot infer the request bodies: ``body(Model)`` declares one from the same
-pydantic model the route validates with. The response models below describe the JSON the routes build; they
-are documentation, checked against the live answers by the schemathesis test, not used to build them.
-``install(app)`` adds the request models to the components and the bearer-key security scheme.
+pydantic model the route validates with. The answers are the models of ``serving.wire.responses``, from which
+the routes build their JSON (one description of the format; the schemathesis test checks the live answers against
+this document). ``install(app)`` adds the request models to the components and the bearer-key security scheme.
 """
 
 from __future__ import annotations
@@ -14,147 +14,36 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
+
+from serving.wire.responses import (
+    ChatCompletion,
+    Completion,
+    ConversationDeleted,
+    ConversationList,
+    ConversationOut,
+    ErrorResponse,
+    FeedbackOut,
+    Health,
+    ModelList,
+    Readiness,
+    UsageList,
+)
+
+__all__ = [
+    "ChatCompletion",
+    "Completion",
+    "ConversationDeleted",
+    "ConversationList",
+    "ConversationOut",
+    "FeedbackOut",
+    "Health",
+    "ModelList",
+    "Readiness",
+    "UsageList",
+]
 
 _REF = "#/components/schemas/{model}"
-
-
-class ErrorObject(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorResponse(BaseModel):
-    """Every error answer: OpenAI's shape."""
-
-    error: ErrorObject
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class ChatMessageOut(BaseModel):
-    role: str
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: ChatMessageOut
-    logprobs: None
-    finish_reason: str | None
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: str = Field(description="chat.completion")
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    conversation_id: str | None = Field(None, description="Extension: the stored conversation, when there is one.")
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float] | None]
-    text_offset: list[int]
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None
-    finish_reason: str | None
-
-
-class Completion(BaseModel):
-    id: str
-    object: str = Field(description="text_completion")
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: str
-    created: int
-    owned_by: str
-    x_model_version: str | None = None
-
-
-class ModelList(BaseModel):
-    object: str
-    data: list[ModelCard]
-
-
-class StoredMessageOut(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str
-    created_at: str
-    model_version: str | None = None
-    filtered: str | None = Field(None, description="A blocked exchange: kept out of later turns' context.")
-
-
-class ConversationOut(BaseModel):
-    id: str
-    object: str
-    created: int
-    model: str
-    messages: list[StoredMessageOut] | None = None
-
-
-class ConversationList(BaseModel):
-    object: str
-    data: list[ConversationOut]
-
-
-class ConversationDeleted(BaseModel):
-    id: str
-    object: str
-    deleted: bool
-
-
-class UsageDay(BaseModel):
-    date: str
-    model: str
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class UsageList(BaseModel):
-    object: str
-    key_id: str
-    data: list[UsageDay]
-
-
-class FeedbackOut(BaseModel):
-    object: str = Field(description="feedback")
-    response_id: str
-    rating: int = Field(description="1 (thumbs up) or -1 (thumbs down)")
-    better_answer: bool = Field(description="Whether a better answer was stored with it.")
-    model_version: str | None = Field(description="The version that wrote the rated answer.")
-    created: int
-
-
-class Health(BaseModel):
-    status: str
-
-
-class Readiness(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    status: str = Field(description="ready, degraded, starting, failed or unavailable")
 
 
 NO_KEY: dict[str, Any] = {"security": []}  # health routes: open
@@ -189,8 +78,7 @@ FEEDBACK_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def answers(model: type[BaseModel], errors: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
-    """A route's ``responses``: its 200 body (documented only: the route returns plain JSON, not filtered through
-    the model) and its error answers."""
+    """A route's ``responses``: its 200 body (the model the route builds its JSON from) and its error answers."""
     return {200: {"model": model, "description": "OK"}, **errors}
 
 

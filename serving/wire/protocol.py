@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, ValidationError, field_validator
 
 from serving.config import RequestLimits
+from serving.wire import responses
 from serving.wire.errors import bad_request, invalid
 
 NEW_CONVERSATION = "new"
@@ -136,12 +137,12 @@ class ChatCompletionRequest(SamplingRequest):
             raise bad_request("the messages need at least one user turn to answer", param="messages")
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
+def usage(prompt_tokens: int, completion_tokens: int) -> responses.Usage:
+    return responses.Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
 
 
 def completion(
@@ -154,24 +155,18 @@ def completion(
     conversation_id: str | None,
     created: int | None = None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": created or int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage(prompt_tokens, completion_tokens),
-    }
+    message = responses.ChatMessageOut(role="assistant", content=text)
+    body = responses.ChatCompletion(
+        id=request_id,
+        object="chat.completion",
+        created=created or int(time.time()),
+        model=model,
+        choices=[responses.ChatChoice(index=0, message=message, logprobs=None, finish_reason=finish_reason)],
+        usage=usage(prompt_tokens, completion_tokens),
+    )
     if conversation_id:
-        body["conversation_id"] = conversation_id
-    return body
+        body.conversation_id = conversation_id
+    return responses.dump(body)
 
 
 def chunk(
@@ -182,29 +177,27 @@ def chunk(
     finish_reason: str | None = None,
     conversation_id: str | None = None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": request_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-    }
+    choice = responses.ChatChunkChoice(index=0, delta=delta, logprobs=None, finish_reason=finish_reason)
+    body = responses.ChatCompletionChunk(
+        id=request_id, object="chat.completion.chunk", created=created, model=model, choices=[choice]
+    )
     if conversation_id:
-        body["conversation_id"] = conversation_id
-    return body
+        body.conversation_id = conversation_id
+    return responses.dump(body)
 
 
 def usage_chunk(
     request_id: str, model: str, created: int, prompt_tokens: int, completion_tokens: int
 ) -> dict[str, Any]:
-    return {
-        "id": request_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage(prompt_tokens, completion_tokens),
-    }
+    body = responses.ChatCompletionChunk(
+        id=request_id,
+        object="chat.completion.chunk",
+        created=created,
+        model=model,
+        choices=[],
+        usage=usage(prompt_tokens, completion_tokens),
+    )
+    return responses.dump(body)
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -70,7 +70,8 @@ async def delete_conversation(request: Request, conversation_id: str) -> dict[st
         await anyio.to_thread.run_sync(gw.store.delete_conversation, key.id, conversation_id)
     except NotFoundError as exc:
         raise not_found(str(exc), code="conversation_not_found") from None
-    return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+    deleted = responses.ConversationDeleted(id=conversation_id, object="conversation.deleted", deleted=True)
+    return responses.dump(deleted)
 
 
 @router.get(

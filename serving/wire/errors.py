@@ -24,6 +24,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from serving.wire import responses
+
 
 class APIError(Exception):
     def __init__(
@@ -57,7 +59,8 @@ class APIError(Exception):
 
 
 def error_body(message: str, type: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:  # noqa: A002
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    error = responses.ErrorObject(message=message, type=type, param=param, code=code)
+    return responses.dump(responses.ErrorResponse(error=error))
 
 
 def bad_request(message: str, *, code: str | None = None, param: str | None = None) -> APIError:

@@ -66,7 +66,7 @@ def main() -> int:
     if args.model:
         ref = args.model
     else:
-        from helpers import train_version
+        from support.helpers import train_version
 
         t = time.perf_counter()
         ref = train_version(cfg, home, run_id="benchmark").ref

@@ -95,7 +95,7 @@ def build_conversations(n: int, seed: int) -> list[tuple[str, list[dict[str, str
 
 def bench_pre(label: str, conversations: list[tuple[str, list[dict[str, str]]]], scorer: ToxicityScorer) -> float:
     from serving.config import SafetyConfig
-    from serving.safety import PreFilter
+    from serving.safety.filters import PreFilter
 
     flt = PreFilter(SafetyConfig(), scorer)
     for _, messages in conversations[:50]:  # warm-up: caches, first-call imports
@@ -119,7 +119,7 @@ def bench_pre(label: str, conversations: list[tuple[str, list[dict[str, str]]]],
 
 def bench_stream(n: int, seed: int, scorer: ToxicityScorer) -> None:
     from serving.config import SafetyConfig
-    from serving.safety import SafetyFilters
+    from serving.safety.filters import SafetyFilters
     from training.config import GeneratorConfig
     from training.data.synth import generate
 
@@ -168,8 +168,8 @@ def bench_classifier(
     from core.harm import HarmClassifier
     from core.toxicity import CompiledProfanityScorer
     from serving.config import SafetyConfig
-    from serving.harm_filter import ClassifiedPreFilter, HarmFilter
-    from serving.safety import PreFilter
+    from serving.safety.filters import PreFilter
+    from serving.safety.harm_filter import ClassifiedPreFilter, HarmFilter
 
     cfg = SafetyConfig()
     off = PreFilter(cfg, CompiledProfanityScorer())

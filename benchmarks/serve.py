@@ -175,7 +175,7 @@ def conversations(n: int, seed: int) -> list[Conversation]:
     """``n`` short chats (system prompt when the generator gave one, one user turn) the pre-filter lets through,
     so every request does the same work on every server."""
     from serving.config import SafetyConfig
-    from serving.safety import build_filters
+    from serving.safety.filters import build_filters
     from training.config import GeneratorConfig
     from training.data.synth import generate
 
@@ -267,7 +267,7 @@ def gateway(cfg: Any, home: Any, filters: bool) -> Iterator[tuple[str, str | Non
     from flows.stages import serve_spec
     from serving.launcher import GatewayProcess
     from serving.runtime import database_url
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     s = cfg.serving
     serving = s.model_copy(

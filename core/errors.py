@@ -11,9 +11,9 @@
 
 Outside the tree, on purpose:
 
-    serving.errors.APIError        the HTTP boundary's OpenAI-shaped errors (status, type, code, param); its own
-                                   tree is drawn in ``serving/errors.py``
-    serving.engine.EngineDead      an engine process is gone: a signal the router acts on (retry elsewhere),
+    serving.wire.errors.APIError        the HTTP boundary's OpenAI-shaped errors (status, type, code, param); its own
+                                   tree is drawn in ``serving/wire/errors.py``
+    serving.engines.engine.EngineDead      an engine process is gone: a signal the router acts on (retry elsewhere),
                                    never shown to a user as such
     training.data.records.RecordInvalid one record breaking a contract, caught by the snapshot builder and gathered into
                                    an ``InvalidRecordsError`` (or counted, with ``--drop-invalid``)

@@ -1,5 +1,5 @@
 """The harm-intent classifier at run time: load a trained folder, score prompts. Training writes the folder
-(``training.classifier``), the gateway's pre- and post-filter read it (``serving.harm_filter``), the evals score
+(``training.classifier``), the gateway's pre- and post-filter read it (``serving.safety.harm_filter``), the evals score
 with it (``evals.harm``).
 
     clf = HarmClassifier.load(folder)

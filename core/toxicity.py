@@ -1,8 +1,8 @@
 """Toxicity scoring: the ``ToxicityScorer`` Protocol and its two implementations, one seam for every stage.
 
-The gateway's safety filters (``serving.safety``), the eval suites (``evals.runner``, ``evals.behaviour``) and the
-shadow comparison (``serving.shadow``) all score through this Protocol, so a transformer classifier put behind it
-changes every one of them at once.
+The gateway's safety filters (``serving.safety.filters``), the eval suites (``evals.runner``,
+``evals.behaviour``) and the shadow comparison (``serving.pipeline.shadow``) all score through this Protocol, so a
+transformer classifier put behind it changes every one of them at once.
 
 ``ProfanityScorer`` wraps alt-profanity-check: a linear SVM over character/word n-grams, trained on ~200k
 human-labelled comments and shipped inside the wheel (no download). It scores insults and profanity (what our

@@ -6,8 +6,8 @@
     promote_classifier_stage(cfg, home, version.ref, actor="cli:me")          # champion (previous-champion kept)
 
 The gateway loads whatever ``serving.safety.classifier`` names (``safety-classifier@champion`` by default) and
-follows the alias (``serving.harm_filter``), so promotion and rollback are alias moves, recorded with reasons like
-a chat model's.
+follows the alias (``serving.safety.harm_filter``), so promotion and rollback are alias moves, recorded with reasons
+like a chat model's.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ turns, safety, scrubbing, dedup: read its docstring). One export:
 2. withdraws what earlier exports took from conversations that may no longer be used: the key opted out or was
    revoked, the conversation was deleted or purged. Those records leave the curated files, so the next snapshot no
    longer holds them (``withdrawn``);
-3. curates with the gateway's safety filters (``serving.safety``, both stages on even where the gateway runs
+3. curates with the gateway's safety filters (``serving.safety.filters``, both stages on even where the gateway runs
    without one), deduplicating against the prompts of ``snapshot`` and of the curated files on disk, and keeping
    out the prompts of the eval sets built for ``snapshot``;
 4. writes the kept records to the curated-record store (``training.data.curated.CuratedStore``:
@@ -40,8 +40,8 @@ from core.errors import ConfigError
 from core.home import Home
 from flows.config import LifecycleConfig
 from flows.stages import open_serving_store
-from serving.safety import SafetyFilters, build_filters
-from serving.schema import TrainingConversation, TrainingFeedback
+from serving.safety.filters import SafetyFilters, build_filters
+from serving.state.schema import TrainingConversation, TrainingFeedback
 from training.data.curate import (
     CurationReport,
     SafetyChecker,

@@ -106,7 +106,7 @@ def parity_stage(
     if url is not None:
         online = online_greedy(OpenAIChat(url.base_url, url.model, url.api_key, url.concurrency), asked, max_tokens)
     else:
-        from serving.engine import engine_dtype
+        from serving.engines.engine import engine_dtype
 
         engine = cfg.evals.engine.model_copy(update={"dtype": engine_dtype(cfg.serving.engine.dtype)})
         with chat_model(cfg.evals.model_copy(update={"engine": engine}), target) as chat:

@@ -38,7 +38,7 @@ from monitoring.drift_html import render_html
 from monitoring.retrain import ChampionState, RetrainDecision, RetrainRecord, Signals, decide_retrain
 from monitoring.retrain_log import RetrainLog
 from registry.store import ModelVersion
-from serving.schema import RequestLogEntry
+from serving.state.schema import RequestLogEntry
 from training.data.curated import CuratedStore
 from training.data.snapshot import Snapshot, load_snapshot
 

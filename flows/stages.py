@@ -19,7 +19,7 @@ from flows.config import LifecycleConfig
 from registry.lineage import Lineage, register, register_base_model
 from registry.store import REF_PATTERN, MlflowRegistry, ModelVersion
 from serving.runtime import ServeSpec, database_url
-from serving.store import ServingStore
+from serving.state.store import ServingStore
 from training.config import SFT_PARENT
 from training.data.dataset import make_snapshot
 from training.data.snapshot import Snapshot, load_snapshot, source_files

@@ -86,7 +86,7 @@ class DeploymentRegistry(Protocol):
 
 
 class LogSource(Protocol):
-    """What the controller reads of the serving database (``serving.store.ServingStore`` implements it)."""
+    """What the controller reads of the serving database (``serving.state.store.ServingStore`` implements it)."""
 
     def request_log(
         self, since: datetime | None = None, model_version: str | None = None, limit: int | None = None

@@ -61,7 +61,7 @@ class RoutingConfig(StrictModel):
     shadow_alias: str = Field(
         "shadow",
         description="Alias of the shadow version: it gets a mirrored share of the served name's requests "
-        "(serving.shadow) and never answers a user.",
+        "(serving.pipeline.shadow) and never answers a user.",
     )
     refresh_s: float = Field(
         10,
@@ -101,7 +101,7 @@ class SafetyConfig(StrictModel):
     classifier: str | None = Field(
         "safety-classifier@champion",
         description="The harm-intent classifier the pre-filter loads (NAME@ALIAS or NAME/VERSION; the alias is "
-        "followed on every registry refresh); null: rules and toxicity scorer only (serving.harm_filter).",
+        "followed on every registry refresh); null: rules and toxicity scorer only (serving.safety.harm_filter).",
     )
     classifier_missing: Literal["rules-only", "fail-closed"] = Field(
         "rules-only",
@@ -120,7 +120,7 @@ class SafetyConfig(StrictModel):
         False,
         description="The post-filter also scores each sentence window of a reply with the safety classifier (a "
         "window at its threshold stops the reply). Off by default: the classifier is trained on requests, not "
-        "replies, and a refusal naming the harm scores like the request (serving.harm_filter.HarmWindowScorer).",
+        "replies, and a refusal naming the harm scores like the request (serving.safety.harm_filter.HarmWindowScorer).",
     )
     blocked_output_patterns: list[str] = Field(
         default_factory=list,

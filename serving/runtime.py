@@ -31,14 +31,14 @@ from core.home import Home
 from registry.config import RegistryConfig
 from registry.store import MlflowRegistry
 from serving.config import ServingConfig
-from serving.engine import Engine, VllmEngine, engine_label
-from serving.gateway import Gateway
-from serving.limits import RateLimiter
-from serving.review import ReviewQueue
-from serving.router import EngineFactory, Router, VersionSource
-from serving.safety import SafetyFilters, build_filters
-from serving.shadow import Embedder
-from serving.store import ServingStore
+from serving.engines.engine import Engine, VllmEngine, engine_label
+from serving.engines.router import EngineFactory, Router, VersionSource
+from serving.pipeline.gateway import Gateway
+from serving.pipeline.limits import RateLimiter
+from serving.pipeline.shadow import Embedder
+from serving.safety.filters import SafetyFilters, build_filters
+from serving.state.review import ReviewQueue
+from serving.state.store import ServingStore
 
 log = logging.getLogger("lifecycle.serving")
 SUPERVISE_S = 2.0

@@ -8,7 +8,8 @@ continuous batching, not worker processes, is what serves concurrent requests.
 BentoML answers ``/healthz`` and ``/readyz`` itself, before mounted apps. ``OpsRoutes`` hands them to the gateway,
 whose readiness knows engines, fallback and degraded mode (BentoML's only knows a bool). BentoML's own metrics are
 switched off: they label requests with the raw path (every path a scanner tries became a series), and under its
-multiprocess mode they repeated the gateway's families; ``GET /metrics`` is the gateway's (``serving.metrics``).
+multiprocess mode they repeated the gateway's families; ``GET /metrics`` is the gateway's
+(``serving.pipeline.metrics``).
 
 The worker dies with the server: BentoML starts it in a session of its own, so a ``kill -9`` of ``lifecycle
 serve`` (which takes ``bentoml serve`` with it: ``core.process.dying_with_parent``) would leave the worker and its
@@ -28,9 +29,9 @@ import bentoml
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.process import exit_with_parent
-from serving.app import create_app
-from serving.errors import error_body
+from serving.api.app import create_app
 from serving.runtime import SPEC_ENV, GatewayRuntime, ServeSpec
+from serving.wire.errors import error_body
 
 _OPS_PATHS = ("/readyz", "/healthz")
 # Starlette's Mount matches its path with "/.*", which fails on a newline (a %0A in a path parameter): BentoML would

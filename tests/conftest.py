@@ -35,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from helpers import ENGINE_DTYPE_ENV
+    from support.helpers import ENGINE_DTYPE_ENV
 
     dtype = config.getoption("--engine-dtype")
     if dtype:  # the environment carries it to helpers.engine_overrides, also in modules without fixtures
@@ -60,7 +60,7 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Home]:
 
 @pytest.fixture(scope="session")
 def tiny_config() -> LifecycleConfig:
-    from helpers import engine_overrides
+    from support.helpers import engine_overrides
 
     return load_config(CONFIG_DIR / "tiny.yaml", engine_overrides())
 

@@ -79,7 +79,7 @@ def safety_classifier(ctx: Context) -> int:
         restored = stages.rollback_classifier_stage(cfg, ctx.home, reason=args.reason, actor=actor)
         ctx.emit({"champion": restored.ref}, [f"champion is {restored.ref} again"])
         return 0
-    from serving.review import ReviewQueue
+    from serving.state.review import ReviewQueue
 
     queue = ReviewQueue(ctx.home.serving / "review.jsonl")
     if args.export:

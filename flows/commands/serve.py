@@ -10,8 +10,8 @@ from core.home import Home
 from flows.commands.base import Arg, Context, command, stop_on_term
 from flows.config import LifecycleConfig
 
-if TYPE_CHECKING:  # serving.schema imports SQLAlchemy: a type here, imported by the handler that opens the store
-    from serving.schema import ApiKey
+if TYPE_CHECKING:  # serving.state.schema imports SQLAlchemy: a type here, imported by the handler that opens the store
+    from serving.state.schema import ApiKey
 
 
 def check_servable(cfg: LifecycleConfig, home: Home) -> None:

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # The chat gateway: `lifecycle serve` (BentoML service serving.service:ChatGateway) with its vLLM engines in the
-# same container (serving/engine.py: one AsyncLLM per set of base weights, LoRA versions as adapters on it).
+# same container (serving/engines/engine.py: one AsyncLLM per set of base weights, LoRA versions as adapters on it).
 #
 #   docker build -f infra/docker/serving.Dockerfile -t chat-lifecycle-serving .     # from the repository root
 #   docker run -p 3000:3000 -e PGPASSWORD=... chat-lifecycle-serving             # infra/compose.yaml does this

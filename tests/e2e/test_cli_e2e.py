@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import killed_mid_training, lifecycle
+from support.cli_helpers import killed_mid_training, lifecycle
 
 from core.home import Home
 from flows.config import CONFIG_DIR

@@ -27,16 +27,16 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_helpers import tokens
-from helpers import engine_overrides, register_serving_versions
-from postgres_helpers import PostgresCluster, postgres_bin
-from postgres_helpers import Unavailable as NoPostgres
-from replica_helpers import LoadBalancer, RedisServer, Replica, require_balancer
-from stack_helpers import Unavailable, wait_for
+from support.gateway_helpers import tokens
+from support.helpers import engine_overrides, register_serving_versions
+from support.postgres_helpers import PostgresCluster, postgres_bin
+from support.postgres_helpers import Unavailable as NoPostgres
+from support.replica_helpers import LoadBalancer, RedisServer, Replica, require_balancer
+from support.stack_helpers import Unavailable, wait_for
 
 from core.home import Home
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
-from serving.split import assign
+from serving.engines.split import assign
 
 # slow: CI's time (two replicas with their engines take ~3 min to start on 2 cores); `make test-all` runs it
 pytestmark = pytest.mark.slow

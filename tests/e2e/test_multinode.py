@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import EXE, paused_after_first_checkpoint, user_env
-from netns_helpers import IFNAME, Node, two_nodes, unavailable
+from support.cli_helpers import EXE, paused_after_first_checkpoint, user_env
+from support.netns_helpers import IFNAME, Node, two_nodes, unavailable
 
 from flows.config import CONFIG_DIR, LifecycleConfig
 

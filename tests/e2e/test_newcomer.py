@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import killed_mid_training, lifecycle
+from support.cli_helpers import killed_mid_training, lifecycle
 
 from core.home import Home
 from core.machine import isa_class

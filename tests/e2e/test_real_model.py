@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_helpers import lifecycle
+from support.cli_helpers import lifecycle
 
 from flows.config import CONFIG_DIR
 from training.model.pretrained import CATALOG

@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
-from cli_helpers import lifecycle
-from stack_helpers import NativeStack, Unavailable, wait_for
+from support.cli_helpers import lifecycle
+from support.stack_helpers import NativeStack, Unavailable, wait_for
 
 from core.home import Home
 from flows.config import CONFIG_DIR

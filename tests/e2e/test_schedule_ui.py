@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from cli_helpers import EXE, user_env
+from support.cli_helpers import EXE, user_env
 
 from core.home import Home
 from flows.config import CONFIG_DIR

@@ -122,7 +122,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_lands_where_an_uninterrupt
     """On CPU ranks the resumed run is bit-identical (tests/integration/test_train.py); on a GPU, kernels that add
     with atomics (embedding and attention backward) make two uninterrupted runs differ in the last bf16 bits, so
     this test holds the resumed run to the curve and the weights of the uninterrupted one within that noise."""
-    from helpers import killed_after_first_checkpoint
+    from support.helpers import killed_after_first_checkpoint
 
     cfg = _config(max_steps=12, checkpoint_every=4, eval_every=6)
     reference = finetune(cfg, chat_snapshot, base_model, tmp_path / "reference")

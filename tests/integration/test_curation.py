@@ -18,7 +18,7 @@ from flows.curation import export_curated, snapshot_with_curated
 from flows.gating import eval_sets_stage
 from flows.stages import serve_spec, snapshot_stage
 from serving.runtime import database_url
-from serving.store import RequestLogEntry, ServingStore
+from serving.state.store import RequestLogEntry, ServingStore
 from training.data.snapshot import SPLITS, Snapshot
 
 ROUTER = "How do I reset my router? Write to jo@example.com"

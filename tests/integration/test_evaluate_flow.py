@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import engine_overrides
+from support.helpers import engine_overrides
 
 from core.home import Home
 from flows.config import CONFIG_DIR, load_config

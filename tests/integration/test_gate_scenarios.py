@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import engine_overrides, train_version
-from rollout_helpers import POLICY, record_passing_gate, rollout_world, run_rollout, ticks_after_canary_traffic
+from support.helpers import engine_overrides, train_version
+from support.rollout_helpers import POLICY, record_passing_gate, rollout_world, run_rollout, ticks_after_canary_traffic
 
 from core.home import Home
 from flows import gating, stages

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_helpers import CHATML_LIKE, write_gguf
+from support.gguf_helpers import CHATML_LIKE, write_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from core.errors import NotFoundError

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rollout_helpers import record_passing_gate
+from support.rollout_helpers import record_passing_gate
 
 from core.config import deep_merge
 from core.home import Home
@@ -51,7 +51,7 @@ def _log(cfg: LifecycleConfig, home: Home, profile: str, start: datetime, refusa
     from flows.stages import serve_spec
     from flows.traffic import traffic_prompts
     from serving.runtime import database_url
-    from serving.store import RequestLogEntry, ServingStore
+    from serving.state.store import RequestLogEntry, ServingStore
 
     prompts = traffic_prompts(cfg.data.generator, profile, N, seed=3)
     with ServingStore(database_url(serve_spec(cfg, home))) as store:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from postgres_helpers import MlflowServer, PostgresCluster, Unavailable, postgres_bin
+from support.postgres_helpers import MlflowServer, PostgresCluster, Unavailable, postgres_bin
 
 from core.config import deep_merge
 from core.home import Home
@@ -70,7 +70,7 @@ def postgres() -> Iterator[PostgresCluster]:
 
 
 def _entry(at: datetime, version: str, **fields: Any) -> Any:
-    from serving.store import RequestLogEntry
+    from serving.state.store import RequestLogEntry
 
     values: dict[str, Any] = {
         "request_id": "req_" + uuid.uuid4().hex[:12],
@@ -95,7 +95,7 @@ def test_serving_store_keeps_keys_conversations_usage_and_the_request_log_on_pos
     postgres: PostgresCluster,
 ) -> None:
     from core.errors import NotFoundError
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     url = postgres.create_database("serving_store")
     with ServingStore(url) as store:
@@ -147,7 +147,7 @@ def test_serving_store_keeps_keys_conversations_usage_and_the_request_log_on_pos
 
 def test_feedback_is_stored_on_its_row_and_read_for_curation_on_postgres(postgres: PostgresCluster) -> None:
     from core.errors import NotFoundError
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     url = postgres.create_database("serving_feedback")
     with ServingStore(url) as store:
@@ -184,9 +184,9 @@ def test_feedback_is_stored_on_its_row_and_read_for_curation_on_postgres(postgre
 
 def test_text_with_nul_characters_is_stored_on_postgres(postgres: PostgresCluster) -> None:
     # a reply the tiny model generated held a NUL: on PostgreSQL it cost the turn and the request-log row
-    from helpers import assert_stores_nul_text
+    from support.helpers import assert_stores_nul_text
 
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     with ServingStore(postgres.create_database("serving_nul")) as store:
         assert_stores_nul_text(store)
@@ -212,7 +212,8 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
 ) -> None:
     import sqlalchemy as sa
 
-    from serving.store import ServingStore, _add_missing_columns
+    from serving.state.migrations import add_missing_columns
+    from serving.state.store import ServingStore
 
     url = postgres.create_database("serving_upgrade")
     with ServingStore(url) as store:
@@ -237,7 +238,7 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
     caplog.clear()
     engine = sa.create_engine(url)
     try:
-        assert _add_missing_columns(engine) == []  # idempotent: nothing left to add
+        assert add_missing_columns(engine) == []  # idempotent: nothing left to add
     finally:
         engine.dispose()
     with caplog.at_level(logging.INFO, logger="lifecycle.serving"), ServingStore(url) as store:
@@ -281,7 +282,7 @@ def world(
     tiny_base_model: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[World]:
-    from helpers import train_version
+    from support.helpers import train_version
 
     root = tmp_path_factory.mktemp("postgres-lifecycle")
     mlflow_db = postgres.create_database("mlflow")
@@ -331,7 +332,7 @@ def test_the_trained_version_and_its_lineage_live_in_postgres_behind_the_server(
 
 
 def _shadow_pairs(store: Any, at: datetime, primary: str, shadow: str, n: int) -> None:
-    from serving.store import ShadowLogEntry
+    from serving.state.store import ShadowLogEntry
 
     for i in range(n):
         store.log_shadow(
@@ -359,7 +360,7 @@ def _traffic(store: Any, at: datetime, version: str, n: int, **fields: Any) -> N
 def _register_second_version(world: World) -> Any:
     """chat/2 without a fine-tune (a random LoRA adapter on the same base), gated by a record, not by evals: the
     rollout is under test here, the gate ran on chat/1."""
-    from helpers import lora_adapter
+    from support.helpers import lora_adapter
 
     from registry.gate import GateRecord, record_gate
 
@@ -393,7 +394,7 @@ def test_gate_promote_rollout_and_rollback_move_aliases_through_the_server_and_t
     from flows.stages import serve_spec
     from registry.gate import read_gate
     from serving.runtime import database_url
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     cfg, home, reg = world.cfg, world.home, world.registry()
     v1 = world.trained.version

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from gguf_helpers import write_gguf
-from helpers import engine_overrides
+from support.gguf_helpers import write_gguf
+from support.helpers import engine_overrides
 
 from core.home import Home
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
@@ -107,7 +107,7 @@ def gateway_url(version: ModelVersion, cfg: LifecycleConfig, home: Home) -> Iter
     from flows.stages import open_registry, serve_spec
     from serving.launcher import GatewayProcess
     from serving.runtime import database_url
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     open_registry(cfg, home).set_alias(version.name, "champion", version.version, reason="test", actor="tests")
     spec = serve_spec(cfg, home)

@@ -1,6 +1,6 @@
 """Progressive delivery through the real gateway: ``bentoml serve`` + vLLM, the MLflow registry, the controller.
 
-The controller is ticked by the test between rounds of simulated users (``tests/rollout_helpers.py``).
+The controller is ticked by the test between rounds of simulated users (``tests/support/rollout_helpers.py``).
 Versions are registered without training (``helpers.lora_adapter``): chat/1 the champion, chat/2 a good
 challenger (the same adapter weights), chat/3 the same weights made slow by fault injection (300 ms before the
 first token), chat/4 a full model on an engine of its own (the one whose engine is killed), chat/5 never gated.
@@ -21,8 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rollout_helpers
-from rollout_helpers import RolloutWorld, record_passing_gate, rollout_world, run_rollout, ticks_after_canary_traffic
+from support import rollout_helpers
+from support.rollout_helpers import (
+    RolloutWorld,
+    record_passing_gate,
+    rollout_world,
+    run_rollout,
+    ticks_after_canary_traffic,
+)
 
 from core.home import Home
 from flows.config import LifecycleConfig
@@ -52,7 +58,7 @@ def _register(reg: Any, base_version: Any, folder: Path, method: str, weights: s
 def world(
     tiny_config: LifecycleConfig, tiny_base_model: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RolloutWorld]:
-    from helpers import lora_adapter
+    from support.helpers import lora_adapter
 
     from flows.stages import open_registry
     from flows.traffic import traffic_prompts
@@ -134,7 +140,7 @@ def test_canary_whose_engine_dies_is_rolled_back_while_the_champion_serves(world
 def test_good_canary_goes_through_shadow_and_canary_to_champion(world: RolloutWorld) -> None:
     from flows.stages import serve_spec
     from serving.runtime import database_url
-    from serving.store import ServingStore
+    from serving.state.store import ServingStore
 
     decisions = run_rollout(world, "2")
     actions = [d.action for d in decisions]

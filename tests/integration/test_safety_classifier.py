@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import engine_overrides
+from support.helpers import engine_overrides
 from unit.serving.harness import build_harness, finish_reason, reply_text
 
 from core.home import Home
@@ -28,8 +28,8 @@ async def test_the_flow_trains_registers_and_the_gateway_serves_the_champion(
     from flows.classifier_stages import promote_classifier_stage, rollback_classifier_stage
     from flows.safety_classifier import safety_classifier_flow
     from flows.stages import open_registry
-    from serving.harm_filter import HarmFilter
-    from serving.safety import SafetyFilters
+    from serving.safety.filters import SafetyFilters
+    from serving.safety.harm_filter import HarmFilter
 
     home = Home(tmp_path / "home")
     cfg = load_config(CONFIG_DIR / "tiny.yaml", engine_overrides())

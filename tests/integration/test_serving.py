@@ -1,7 +1,7 @@
 """The chat endpoint end to end: real ``bentoml serve`` + vLLM on the tiny model, called through the official
 openai client (and raw HTTP where the bytes matter). See conftest.py for the versions and switches.
 
-The engine-death test lives in test_serving_zz_failover.py so it runs after these.
+The engine-death tests (test_serving_failover.py) kill engines of a gateway of their own.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_helpers import BROWNOUT_MAX_TOKENS, Gateway
+from support.gateway_helpers import BROWNOUT_MAX_TOKENS, Gateway
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 

@@ -9,7 +9,7 @@ import sqlite3
 from typing import Any
 
 import pytest
-from gateway_helpers import Gateway
+from support.gateway_helpers import Gateway
 
 PROMPT = "The capital of Karlo is"
 

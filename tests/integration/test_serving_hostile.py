@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from gateway_helpers import Gateway
+from support.gateway_helpers import Gateway
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 GOOD = {"model": "chat", "messages": QUESTION, "max_tokens": 4}

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import httpx
-from cli_helpers import EXE, user_env
-from gateway_helpers import Gateway
+from support.cli_helpers import EXE, user_env
+from support.gateway_helpers import Gateway
 
 from core.process import free_port
 from flows.config import CONFIG_DIR

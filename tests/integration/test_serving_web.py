@@ -1,4 +1,4 @@
-"""The gateway's chat page (``serving/web/index.html``, served at ``/``) driven in headless Chromium against a real
+"""The gateway's chat page (``serving/api/web/index.html``, served at ``/``) driven in headless Chromium against a real
 running gateway (the ``gateway`` fixture: ``url``, ``api_key``, ``model``).
 
 The browser is Debian's ``/usr/bin/chromium`` (``.ci/run`` installs it); Playwright is only the driver and never
@@ -26,7 +26,7 @@ import httpx
 import openai
 import pytest
 
-from serving.store import ServingStore
+from serving.state.store import ServingStore
 from training.data.records import normalize_text
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import killed_after_first_checkpoint
 from safetensors.torch import load_file
+from support.helpers import killed_after_first_checkpoint
 from transformers import AutoModelForCausalLM
 
 from core.home import Home

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import engine_overrides, killed_after_first_checkpoint
 from safetensors.torch import load_file
+from support.helpers import engine_overrides, killed_after_first_checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from core.home import Home

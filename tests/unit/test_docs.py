@@ -2,10 +2,10 @@
 files name exists (in backticks, in code blocks, in prose or as a link), every link to a heading lands on one, and
 nothing points at folders outside the repository.
 
-A "repository path" is a word with a slash whose first part is a top-level folder that git tracks (``serving/app.py``,
-``configs/gates/default.yaml``, ``infra/docker/{training,serving}.Dockerfile`` expanded); a pytest id
-(``tests/x.py::test_y``) must name a function of that file too. Left alone: URLs, words with placeholders or globs
-(``reports/drift/<time>/``, ``spec-*.json``, ``$LIFECYCLE_HOME/...``), paths under the lifecycle home, whose first
+A "repository path" is a word with a slash whose first part is a top-level folder that git tracks
+(``serving/api/app.py``, ``configs/gates/default.yaml``, ``infra/docker/{training,serving}.Dockerfile`` expanded); a
+pytest id (``tests/x.py::test_y``) must name a function of that file too. Left alone: URLs, words with placeholders or
+globs (``reports/drift/<time>/``, ``spec-*.json``, ``$LIFECYCLE_HOME/...``), paths under the lifecycle home, whose first
 parts (``reports/``, ``mlflow/``, ``cache/``) are not repository folders, and paths git ignores (``infra/.env``, which
 its user makes). Links resolve from the linking file's folder, as GitHub renders them.
 """
@@ -169,7 +169,7 @@ def test_the_docs_stay_inside_the_repository(doc: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("see `serving/app.py` and [the config](configs/tiny.yaml)", {"serving/app.py"}),
+        ("see `serving/api/app.py` and [the config](configs/tiny.yaml)", {"serving/api/app.py"}),
         (
             "`lifecycle train --set finetune.deepspeed_config=infra/deepspeed/zero3.json`",
             {"infra/deepspeed/zero3.json"},
@@ -191,7 +191,7 @@ def test_a_missing_file_test_or_heading_is_named(tmp_path: Path) -> None:
     loop = REPO / "docs" / "loop.md"
     doc = tmp_path / "doc.md"
     doc.write_text(
-        "See `serving/app.py`, `serving/no_such_module.py` and `tests/unit/test_docs.py::test_no_such_test`.\n"
+        "See `serving/api/app.py`, `serving/no_such_module.py` and `tests/unit/test_docs.py::test_no_such_test`.\n"
         f"[rollouts]({loop}#rollouts), [gone]({loop}#no-such-heading), [none](nothing.md)\n"
         "```\nlifecycle train --set finetune.deepspeed_config=infra/deepspeed/zero4.json\n```\n",
         encoding="utf-8",

@@ -1,5 +1,5 @@
 """Faults a fine-tune's ranks inject on purpose, for failure drills and the tests that kill a run mid-way: the
-training side's seam, as ``serving.faults`` is the gateway's.
+training side's seam, as ``serving.engines.faults`` is the gateway's.
 
     LIFECYCLE_TRAIN_FAULT=pause-after-first-checkpoint lifecycle train ...
 

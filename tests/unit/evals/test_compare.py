@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from report_helpers import metric, report
+from support.report_helpers import metric, report
 
 from evals.compare import compare, render_comparison
 from evals.gate import BootstrapSpec

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from report_helpers import metric, report
+from support.report_helpers import metric, report
 
 from core.errors import ConfigError
 from evals.gate import BootstrapSpec, GatePolicy, Rule, decide, paired_bootstrap, render_markdown

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from harm_fixture import keyword_classifier
+from support.harm_fixture import keyword_classifier
 
 from evals.gate import decide, floor_margins, load_policy
 from evals.harm import DIRECTIONS, HUMAN_SLICE, expected_calibration_error, load_human_slice, slice_metrics

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import chat, write_jsonl
+from support.helpers import chat, write_jsonl
 
 from flows import cli
 from flows.commands.base import Context

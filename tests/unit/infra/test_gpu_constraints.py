@@ -14,10 +14,10 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from compose_helpers import REPO
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+from support.compose_helpers import REPO
 
 CPU = REPO / "constraints.txt"
 GPU = REPO / "constraints-gpu.txt"

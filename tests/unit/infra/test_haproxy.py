@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.protocol import ChatCompletionRequest
+from serving.wire.protocol import ChatCompletionRequest
 
 REPO = Path(__file__).resolve().parents[3]
 CFG = REPO / "infra" / "haproxy" / "haproxy.cfg"
@@ -39,13 +39,15 @@ def test_affinity_uses_the_gateways_conversation_field_and_header() -> None:
     (field,) = re.findall(r"stick match req\.body,json_query\('\$\.(\w+)'\)", TEXT)
     assert field in ChatCompletionRequest.model_fields
     (header,) = re.findall(r"stick store-response res\.hdr\(([\w-]+)\)", TEXT)
-    assert f'"{header}"' in (REPO / "serving" / "call.py").read_text()  # Call.headers sets it on every answer
+    assert (
+        f'"{header}"' in (REPO / "serving" / "pipeline" / "call.py").read_text()
+    )  # Call.headers sets it on every answer
 
 
 def test_health_checks_use_the_readiness_route() -> None:
     (path,) = re.findall(r"option httpchk GET (\S+)", TEXT)
     assert path == "/readyz"
-    assert '"/readyz"' in (REPO / "serving" / "app.py").read_text()
+    assert '"/readyz"' in (REPO / "serving" / "api" / "ops.py").read_text()
 
 
 def test_the_balancers_own_errors_are_openai_shaped() -> None:

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from compose_helpers import (
+from support.compose_helpers import (
     COMPOSE,
     INFRA,
     INTERPOLATION,
@@ -252,10 +252,10 @@ def service_argv(name: str) -> list[str]:
 
 @cache
 def gateway_routes() -> set[str]:
-    """GET routes of the gateway app (serving/app.py: ``@app.get(...)`` and ``@app.api_route(...)``, which the app
-    uses for GET + HEAD)."""
-    text = (REPO / "serving" / "app.py").read_text(encoding="utf-8")
-    return set(re.findall(r"@app\.(?:get|api_route)\(\s*\"([^\"]+)\"", text))
+    """GET routes of the gateway app (its routers in serving/api/: ``@router.get(...)`` and ``@router.api_route(...)``,
+    which they use for GET + HEAD)."""
+    text = "".join(p.read_text(encoding="utf-8") for p in sorted((REPO / "serving" / "api").glob("*.py")))
+    return set(re.findall(r"@router\.(?:get|api_route)\(\s*\"([^\"]+)\"", text))
 
 
 def lifecycle_args(argv: list[str]) -> list[str]:
@@ -822,7 +822,9 @@ def test_probes_hit_routes_the_gateway_serves() -> None:
     (gateway,) = containers(deployment)
     probes = {kind: gateway[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")}
     for kind, probe in probes.items():
-        assert probe["path"] in gateway_routes(), f"{kind}: {probe['path']} is not a route of serving/app.py"
+        assert probe["path"] in gateway_routes(), (
+            f"{kind}: {probe['path']} is not a route of the gateway (serving/api/)"
+        )
         assert resolve_port(deployment, probe["port"]) == production().serving.port
     assert probes["readinessProbe"]["path"] == "/readyz" and probes["livenessProbe"]["path"] == "/healthz"
 
@@ -889,7 +891,7 @@ def test_gateway_config_map_validates_and_matches_the_container(tmp_path: Path) 
 
 
 def test_autoscaling_and_disruption_budget_target_the_gateway(tmp_path: Path) -> None:
-    from serving.metrics import ServingMetrics
+    from serving.pipeline.metrics import ServingMetrics
 
     deployment = gateway_deployment()
     labels = deployment["spec"]["template"]["metadata"]["labels"]

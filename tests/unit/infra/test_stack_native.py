@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from compose_helpers import INFRA, REPO, command, environment, example_env, flag, interpolate, services
+from support.compose_helpers import INFRA, REPO, command, environment, example_env, flag, interpolate, services
 
 from flows.config import CONFIG_DIR, load_config
 

@@ -30,7 +30,7 @@ from monitoring.drift import (
 )
 from monitoring.drift_config import DriftConfig
 from monitoring.drift_html import render_html
-from serving.store import RequestLogEntry
+from serving.state.store import RequestLogEntry
 
 WORDS = ["river", "castle", "apple", "pocket", "summer", "light", "mirror", "stone", "garden", "planet"]
 COUNTRIES = ["Venmarvi", "Nordorlia", "Zeldorsa", "Rumdorlia", "Torrieth"]

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from core.errors import NotFoundError
 from registry.store import CANARY_WEIGHT_TAG, Deployment, ModelVersion, parse_ref
-from serving.engine import Adapter, Delta, EngineDead, EngineState, GenerationRequest, TokenLogprob
+from serving.engines.engine import Adapter, Delta, EngineDead, EngineState, GenerationRequest, TokenLogprob
 
 # ------------------------------------------------------------------------------------------------------ tokenizer
 

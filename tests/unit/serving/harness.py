@@ -26,11 +26,11 @@ import httpx
 from unit.serving.fakes import FakeEmbedder, FakeEngine, FakeFactory, FakeRegistry, FakeScorer
 
 from registry.config import RegistryConfig
-from serving.app import create_app
+from serving.api.app import create_app
 from serving.config import ServingConfig
 from serving.runtime import GatewayRuntime, ServeSpec
-from serving.safety import SafetyFilters
-from serving.store import ApiKey, RequestLogEntry
+from serving.safety.filters import SafetyFilters
+from serving.state.store import ApiKey, RequestLogEntry
 
 BAD = "hunter2-launch-code"  # a string the post-filter must never let through
 BAD_PATTERNS = [r"hunter2-launch-code", r"sk-live-[0-9]{6}"]

@@ -12,7 +12,7 @@ import pytest
 from unit.serving.fakes import FakeFactory, FakeTokenizer
 from unit.serving.harness import FALLBACK_KEY, PRIMARY_KEY, MakeHarness, sse_events
 
-from serving.engine import engine_label
+from serving.engines.engine import engine_label
 
 pytestmark = pytest.mark.anyio
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from serving.brownout import BrownoutDecision, TtftWindow, decide
 from serving.config import BrownoutConfig
+from serving.engines.brownout import BrownoutDecision, TtftWindow, decide
 
 CFG = BrownoutConfig(queue_depth=8, ttft_ms=1000, window_s=10, max_tokens=32, use_fallback=True)
 

@@ -1,6 +1,6 @@
-"""The context budget (``serving.context.fit``) as a table: max_tokens defaults and caps, trimming whole exchanges from
-the oldest while keeping every system prompt and the newest user turn, the 400 with the numbers when even that does
-not fit, and max_tokens cut down to the room left in the window.
+"""The context budget (``serving.pipeline.context.fit``) as a table: max_tokens defaults and caps, trimming whole
+exchanges from the oldest while keeping every system prompt and the newest user turn, the 400 with the numbers when
+even that does not fit, and max_tokens cut down to the room left in the window.
 
 Token arithmetic of ``FakeTokenizer``: a message costs its words + 2, the generation prompt 1 more.
 """
@@ -13,8 +13,8 @@ import pytest
 from unit.serving.fakes import FakeTokenizer
 
 from serving.config import ContextConfig
-from serving.context import fit
-from serving.errors import APIError
+from serving.pipeline.context import fit
+from serving.wire.errors import APIError
 
 CFG = ContextConfig(default_max_tokens=8, max_tokens_cap=16, min_completion_tokens=4)
 

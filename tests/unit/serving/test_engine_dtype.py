@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.machine import isa_class
-from serving.engine import choose_dtype
+from serving.engines.engine import choose_dtype
 
 AVX2_EPYC = frozenset({"avx", "avx2", "fma", "sse4_2"})
 SKYLAKE_X = AVX2_EPYC | {"avx512f", "avx512bw"}

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from unit.serving.harness import Harness, MakeHarness, sse_events
 
-from serving.store import RequestLogEntry
+from serving.state.store import RequestLogEntry
 
 pytestmark = pytest.mark.anyio
 

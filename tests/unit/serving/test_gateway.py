@@ -13,9 +13,9 @@ import pytest
 from unit.serving.fakes import FakeEngine, FakeFactory, FakeTokenizer
 from unit.serving.harness import BAD, MakeHarness, finish_reason, reply_text, sse_events
 
-from serving.engine import GenerationRequest, drain
-from serving.gateway import Gateway
-from serving.store import RequestLogEntry
+from serving.engines.engine import GenerationRequest, drain
+from serving.pipeline.gateway import Gateway
+from serving.state.store import RequestLogEntry
 
 pytestmark = pytest.mark.anyio
 

@@ -18,9 +18,9 @@ import anyio
 import pytest
 from unit.serving.harness import PRIMARY_KEY, Harness, MakeHarness, reply_text
 
-from serving import gateway as gateway_module
-from serving import split
-from serving.gateway import Gateway
+from serving.engines import split
+from serving.pipeline import gateway as gateway_module
+from serving.pipeline.gateway import Gateway
 from serving.runtime import database_url
 
 pytestmark = pytest.mark.anyio

@@ -7,16 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harm_fixture import saved_keyword_classifier
+from support.harm_fixture import saved_keyword_classifier
 from unit.serving.fakes import FakeScorer
 from unit.serving.harness import MakeHarness, finish_reason, reply_text
 
 from core.errors import NotFoundError
 from registry.store import ModelVersion
 from serving.config import SafetyConfig
-from serving.harm_filter import ClassifiedPreFilter, HarmFilter
-from serving.prefilter import PreFilter
-from serving.safety import SafetyFilters
+from serving.safety.filters import SafetyFilters
+from serving.safety.harm_filter import ClassifiedPreFilter, HarmFilter
+from serving.safety.prefilter import PreFilter
 
 
 class ClassifierRegistry:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from core.errors import ConfigError
-from serving.limits import RateLimiter
+from serving.pipeline.limits import RateLimiter
 
 
 @pytest.fixture

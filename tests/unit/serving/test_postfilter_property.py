@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from unit.serving.harness import BAD_PATTERNS
 
 from serving.config import SafetyConfig
-from serving.safety import SafetyFilters
+from serving.safety.filters import SafetyFilters
 
 REPO = Path(__file__).resolve().parents[3]
 CONSTRUCTS = [
@@ -121,10 +121,10 @@ def test_with_the_classifier_no_word_of_a_blocking_window_is_sent(tmp_path: Path
     """``safety.post_classifier``: the classifier joins the toxicity scorer on the same sentence windows. For any
     reply (filler around a word the test classifier flags, in any chunking) the stream blocks exactly when
     ``check_text`` does, and nothing from the start of the last word of the first blocking window on is sent."""
-    from harm_fixture import keyword_classifier
+    from support.harm_fixture import keyword_classifier
 
-    from serving.harm_filter import HarmFilter
-    from serving.postfilter import TOXICITY_STRIDE_CHARS, TOXICITY_WINDOW_CHARS, _Windows
+    from serving.safety.harm_filter import HarmFilter
+    from serving.safety.postfilter import TOXICITY_STRIDE_CHARS, TOXICITY_WINDOW_CHARS, _Windows
 
     cfg = SafetyConfig(post_classifier=True)
     harm = HarmFilter(cfg, None)

@@ -14,8 +14,8 @@ from unit.serving.harness import registry_with_versions
 from core.errors import NotFoundError
 from registry.store import Deployment
 from serving.config import RoutingConfig
-from serving.engine import GenerationRequest
-from serving.router import Router, ServedModel
+from serving.engines.engine import GenerationRequest
+from serving.engines.router import Router, ServedModel
 
 BASE_ENGINE = "lora:w-chat-base-1"
 FALLBACK_ENGINE = "lora:w-chat-base-1#chat/1"

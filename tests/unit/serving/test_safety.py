@@ -16,7 +16,7 @@ from core.errors import ConfigError
 from core.toxicity import CompiledProfanityScorer, ProfanityScorer
 from evals.config import SafetySuite, load_suite
 from serving.config import SafetyConfig
-from serving.safety import (
+from serving.safety.filters import (
     RULES,
     TOXICITY_STRIDE_CHARS,
     FilterVerdict,

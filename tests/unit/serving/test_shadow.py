@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from core.embedding import MiniLmEmbedder
 from serving.config import FaultConfig, ServingConfig
-from serving.shadow import ShadowBudget, cosine
+from serving.pipeline.shadow import ShadowBudget, cosine
 
 
 class Clock:

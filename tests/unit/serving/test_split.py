@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from serving import split
+from serving.engines import split
 
 KEYS = [f"conv_{i:06d}" for i in range(20_000)]
 
@@ -27,7 +27,7 @@ def test_same_key_same_answer_in_another_process() -> None:
     here = [split.assign(k, 30) for k in sample]
     assert here == [split.assign(k, 30) for k in sample]
     code = (
-        "import json, sys; from serving import split; "
+        "import json, sys; from serving.engines import split; "
         "print(json.dumps([split.assign(k, 30) for k in json.loads(sys.stdin.read())]))"
     )
     out = subprocess.run(

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from core.errors import ConfigError, DataError, NotFoundError
-from serving.store import RequestLogEntry, ServingStore, ShadowLogEntry, UsageRow, new_conversation_id
+from serving.state.store import RequestLogEntry, ServingStore, ShadowLogEntry, UsageRow, new_conversation_id
 
 
 @pytest.fixture
@@ -396,7 +396,7 @@ def test_a_database_of_the_old_schema_gets_the_new_columns_on_open(db_path: Path
 
 
 def test_text_with_nul_characters_is_stored_as_on_postgres(store: ServingStore) -> None:
-    from helpers import assert_stores_nul_text
+    from support.helpers import assert_stores_nul_text
 
     assert_stores_nul_text(store)  # tests/integration/test_postgres.py runs the same on PostgreSQL
 

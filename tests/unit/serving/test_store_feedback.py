@@ -14,7 +14,7 @@ import pytest
 from unit.serving.test_store import OLD_REQUEST_LOG
 
 from core.errors import DataError, NotFoundError
-from serving.store import ApiKey, RequestLogEntry, ServingStore
+from serving.state.store import ApiKey, RequestLogEntry, ServingStore
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import NotFoundError
-from serving.store import RequestLogEntry, ServingStore
+from serving.state.store import RequestLogEntry, ServingStore
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import chat, write_jsonl
+from support.helpers import chat, write_jsonl
 
 from core.errors import InvalidRecordsError
 from core.refusal import is_compliance, is_refusal

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import chat, write_jsonl
+from support.helpers import chat, write_jsonl
 
 from core.errors import DataError, InvalidRecordsError, NotFoundError
 from training.config import SnapshotConfig

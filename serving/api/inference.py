@@ -1,0 +1,78 @@
+"""OpenAI's routes: ``POST /v1/chat/completions`` (``serving.api.chat``), ``POST /v1/completions``
+(``serving.api.completions``), streamed as server-sent events or answered whole, and ``GET /v1/models``."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from core.errors import NotFoundError
+from serving.api import chat, completions
+from serving.api.admission import admit, answer, gateway, runtime, sse
+from serving.api.http import REQUEST_ID
+from serving.pipeline.gateway import Gateway
+from serving.wire import openapi, responses
+from serving.wire.protocol import ChatCompletionRequest
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/chat/completions",
+    tags=["openai"],
+    response_model=None,
+    responses=openapi.answers(openapi.ChatCompletion, openapi.BODY_ERRORS),
+    openapi_extra=openapi.body(ChatCompletionRequest, streams=True),
+)
+async def chat_completions(request: Request) -> Response:
+    gw = gateway(request)
+    req, call = await admit(request, gw, gw.parse, gw.prepare)
+    if req.stream:
+        return sse(chat.sse(gw, call), call.headers())
+    return await answer(request, gw, [call], chat.complete(gw, call), call.headers())
+
+
+@router.post(
+    "/v1/completions",
+    tags=["openai"],
+    response_model=None,
+    responses=openapi.answers(openapi.Completion, openapi.BODY_ERRORS),
+    openapi_extra=openapi.body(completions.CompletionRequest, streams=True),
+)
+async def text_completions(request: Request) -> Response:
+    request.state.request_id = "cmpl-" + request.state.request_id.split("-", 1)[1]
+    gw = gateway(request)
+    req, calls = await admit(request, gw, partial(completions.parse, gw), partial(completions.prepare, gw))
+    headers = {**calls[0].headers(), REQUEST_ID: request.state.request_id}
+    if req.stream:
+        return sse(completions.sse(gw, req, calls[0]), headers)
+    return await answer(request, gw, calls, completions.complete(gw, req, calls), headers)
+
+
+@router.get(
+    "/v1/models",
+    tags=["openai"],
+    response_model=None,
+    responses=openapi.answers(openapi.ModelList, openapi.ROUTE_ERRORS),
+)
+async def models(request: Request) -> dict[str, Any]:
+    gw = gateway(request)
+    await gw.authenticate(request.headers.get("authorization"))
+    table = gw.router
+    created = int(runtime(request).started_at)
+    card = partial(responses.ModelCard, object="model", created=created, owned_by="chat-lifecycle")
+    data = [card(id=table.routing.served_name, x_model_version=_primary_header(gw))]
+    for alias, version in sorted(table.aliases.items()):
+        data.append(card(id=f"{table.model_name}@{alias}", x_model_version=f"{table.model_name}/{version}"))
+    data += [card(id=served.ref) for served in sorted(table.models(), key=lambda s: int(s.version))]
+    return responses.dump(responses.ModelList(object="list", data=data))
+
+
+def _primary_header(gw: Gateway) -> str | None:
+    try:
+        return gw.router.route(gw.router.routing.served_name).model.header()
+    except NotFoundError:
+        return None

@@ -1,0 +1,137 @@
+"""The safety classifier as a pre-filter stage: the version an alias names (``serving.safety.classifier``,
+``safety-classifier@champion`` by default), loaded from the registry, judging each prompt after the rules.
+
+    harm = HarmFilter(cfg.safety, HarmSource(registry, cfg.safety.classifier))
+    harm.refresh()                                  # at start-up and with every registry refresh: follow the alias
+    pre = ClassifiedPreFilter(PreFilter(cfg.safety, scorer), harm)
+    verdict = pre.check(messages)                   # the rules and the toxicity scorer, then the classifier
+
+What it scores: the newest user (or tool) turn, and when the conversation has earlier user turns, the newest
+``context_turns`` of them joined (a request split over several turns is judged whole). A prompt whose harm score
+reaches the version's threshold is blocked with rule ``classifier.<category>``; every verdict carries the
+version that judged it (``FilterVerdict.classifier``), which the gateway puts in the ``x-safety-classifier-version``
+header and the request log.
+
+When the alias names no version (or loading fails), ``classifier_missing`` decides: ``rules-only`` serves with
+the rules and the toxicity scorer alone, ``fail-closed`` blocks every prompt (rule ``classifier.unavailable``);
+either way it is logged once per change and /readyz can show it (``HarmFilter.state``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from core.harm import HarmClassifier
+from core.toxicity import ToxicityScorer
+from registry.store import ModelVersion
+from serving.config import SafetyConfig
+from serving.safety.verdict import FilterVerdict
+
+log = logging.getLogger("lifecycle.serving")
+
+
+class ClassifierRegistry(Protocol):
+    def parse(self, ref: str) -> ModelVersion: ...
+
+    def resolve(self, ref: str) -> Path: ...
+
+
+class HarmFilter:
+    """Holds the classifier the alias names now; ``refresh`` follows the alias (thread-safe swap)."""
+
+    def __init__(self, cfg: SafetyConfig, registry: ClassifierRegistry | None) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.classifier: HarmClassifier | None = None
+        self.state = "not loaded"
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        ref = self.cfg.classifier
+        if not ref or self.registry is None:
+            self.state = "disabled"
+            return
+        try:
+            mv = self.registry.parse(ref)
+            if self.classifier is not None and self.classifier.version == mv.ref:
+                return
+            clf = HarmClassifier.load(self.registry.resolve(mv.ref), version=mv.ref)
+        except Exception as exc:  # no such alias yet, a broken artifact: keep serving, as configured
+            state = f"{ref} unavailable ({type(exc).__name__}: {exc}); {self.cfg.classifier_missing}"
+            if state != self.state and self.classifier is None:
+                log.warning("safety classifier %s", state)
+                self.state = state
+            return
+        with self._lock:
+            self.classifier = clf
+        self.state = f"loaded {mv.ref}"
+        log.info("safety classifier %s loaded (threshold %.3f)", mv.ref, clf.threshold)
+
+    def check(self, texts: list[str]) -> FilterVerdict | None:
+        """None when it passes the prompt (or is off); a verdict naming the version otherwise."""
+        clf = self.classifier
+        if clf is None:
+            if self.cfg.classifier and self.cfg.classifier_missing == "fail-closed":
+                return FilterVerdict(True, "pre", "classifier.unavailable", f"safety classifier {self.state}")
+            return None
+        score = clf.judge_turns(texts, self.cfg.context_turns)
+        if clf.blocks(score):
+            reason = f"classifier {clf.version} scored {score.score:.3f} >= {clf.threshold:.3f} ({score.category})"
+            return FilterVerdict(True, "pre", f"classifier.{score.category}", reason, score.score, clf.version)
+        return FilterVerdict(False, "pre", None, "passed", score.score, clf.version)
+
+
+class HarmWindowScorer:
+    """The post-filter's scorer with the classifier in it (``safety.post_classifier``): each sentence window gets
+    the higher of its toxicity score and its harm score rescaled so that the classifier's own threshold lands on
+    ``toxicity_threshold``; the stream filter's windows, release rule and no-leak guarantee are unchanged (any
+    word may now tip a window, so each is held until it ends: no ``flaggable_prefixes``)."""
+
+    def __init__(self, toxicity: ToxicityScorer, harm: HarmFilter, toxicity_threshold: float) -> None:
+        self.toxicity = toxicity
+        self.harm = harm
+        self.toxicity_threshold = toxicity_threshold
+        self.name = f"{toxicity.name} + safety classifier"
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        tox = self.toxicity.score(texts)
+        clf = self.harm.classifier
+        if clf is None or not texts:
+            return tox
+        harm = [s.score for s in clf.scores(list(texts))]
+        scale = self.toxicity_threshold / clf.threshold if clf.threshold > 0 else 1.0
+        return [max(t, min(1.0, h * scale)) for t, h in zip(tox, harm, strict=True)]
+
+
+class ClassifiedPreFilter:
+    """The pre-filter with the classifier: the named rules and the toxicity scorer first, then the classifier."""
+
+    def __init__(self, rules: RulesPreFilter, harm: HarmFilter) -> None:
+        self.rules = rules
+        self.harm = harm
+
+    def check(self, messages: list[dict[str, str]]) -> FilterVerdict:
+        verdict = self.rules.check(messages)
+        version = self.harm.classifier.version if self.harm.classifier is not None else None
+        if verdict.blocked or verdict.rule is None and verdict.reason != "passed":  # blocked, disabled or empty
+            return _with_version(verdict, version)
+        texts = [m.get("content") or "" for m in messages if m.get("role") in ("user", "tool")]
+        texts = [t for t in texts if t.strip()]
+        harm = self.harm.check(texts) if texts else None
+        if harm is not None and harm.blocked:
+            return harm
+        return _with_version(verdict, harm.classifier if harm is not None else version)
+
+
+class RulesPreFilter(Protocol):
+    def check(self, messages: list[dict[str, str]]) -> FilterVerdict: ...
+
+
+def _with_version(verdict: FilterVerdict, version: str | None) -> FilterVerdict:
+    from dataclasses import replace
+
+    return replace(verdict, classifier=version) if version else verdict

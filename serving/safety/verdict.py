@@ -1,0 +1,21 @@
+"""The decision a safety filter returns, shared by the pre-filter (``serving.safety.prefilter``) and the post-filter
+(``serving.safety.postfilter``); the gateway logs its ``rule`` and answers with the refusal or stop text when
+``blocked``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class FilterVerdict:
+    """One filter decision. ``rule`` is machine-readable (metrics, logs); ``reason`` is one line for people."""
+
+    blocked: bool
+    stage: Literal["pre", "post"]
+    rule: str | None
+    reason: str
+    score: float | None = None
+    classifier: str | None = None  # the safety-classifier version that judged the prompt (serving.safety.harm_filter)

@@ -33,10 +33,11 @@ from flows.config import LifecycleConfig
 from flows.curation import export_curated, snapshot_with_curated
 from flows.stages import CHAMPION, open_registry, open_serving_store
 from flows.summaries import MonitorResult
-from monitoring.drift import WindowRates, detect_drift, window_prompts, window_rates, window_span
+from monitoring.drift import detect_drift
 from monitoring.drift_html import render_html
 from monitoring.retrain import ChampionState, RetrainDecision, RetrainRecord, Signals, decide_retrain
 from monitoring.retrain_log import RetrainLog
+from monitoring.window import WindowRates, window_prompts, window_rates, window_span
 from registry.store import ModelVersion
 from serving.state.schema import RequestLogEntry
 from training.data.curated import CuratedStore
@@ -57,7 +58,7 @@ def champion_version(cfg: LifecycleConfig, home: Home) -> ModelVersion:
 
 def reference_prompts(home: Home, snapshot_ref: str) -> list[str]:
     """The opening user turn of each record of the snapshot's train split: what the model was trained to be asked.
-    Opening turns on both sides (``monitoring.drift.window_prompts``): follow-ups ("Now add 7 to that.") are a
+    Opening turns on both sides (``monitoring.window.window_prompts``): follow-ups ("Now add 7 to that.") are a
     different kind of text, and their share differs between data and traffic without anything having drifted."""
     snap = load_snapshot(home.snapshots, snapshot_ref)
     return [

@@ -8,7 +8,8 @@ apart from the clock it reads for its timings.
     monitoring.drift_html.render_html(report)  # a small self-contained page (no t-SNE, no JavaScript)
 
 Compare like with like: the reference is the opening user prompt of each snapshot record, the window's side the
-opening prompt of each conversation (``window_prompts``); follow-up turns on one side only look like drift.
+opening prompt of each conversation (``monitoring.window.window_prompts``, beside ``window_rates`` and
+``window_span``); follow-up turns on one side only look like drift.
 
 Two views of the same prompts, each sampled (seeded) to a size the config caps:
 
@@ -33,32 +34,24 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
-from collections.abc import Iterable, Sequence
-from datetime import datetime
-from typing import Any, Literal, Protocol
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from core.embedding import Embedder
 from monitoring.drift_config import DriftConfig
-from monitoring.window import LogRow
+from monitoring.window import WindowRates, WindowSpan
 
 __all__ = [
     "DescriptorDrift",
     "DriftReport",
     "EmbeddingDrift",
     "Histogram",
-    "PromptRow",
     "Timings",
-    "WindowRates",
-    "WindowSpan",
     "detect_drift",
-    "window_prompts",
-    "window_rates",
-    "window_span",
 ]
 
 Status = Literal["drifted", "no_drift", "inconclusive"]
@@ -72,33 +65,6 @@ class _Result(BaseModel):
     """Base of the result records: immutable, strict about keys, JSON round-trippable."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class WindowRates(_Result):
-    """Safety-filter hits and refusals of a set of requests (counted like ``monitoring.window.version_stats``,
-    over every version): hits per answered request, refusals per completed one."""
-
-    answered: int = Field(ge=0)
-    safety_hits: int = Field(ge=0)
-    completed: int = Field(ge=0)
-    refusals: int = Field(ge=0)
-
-    @property
-    def safety_hit_rate(self) -> float | None:
-        return self.safety_hits / self.answered if self.answered else None
-
-    @property
-    def refusal_rate(self) -> float | None:
-        return self.refusals / self.completed if self.completed else None
-
-
-class WindowSpan(_Result):
-    """Which traffic the current side is: its time span and the answered requests per model version (the loop
-    guard of ``monitoring.retrain`` reads both)."""
-
-    start: AwareDatetime
-    end: AwareDatetime
-    versions: dict[str, int] = Field(default_factory=dict)
 
 
 class Histogram(_Result):
@@ -204,63 +170,6 @@ class DriftReport(_Result):
                     if value is not None:
                         out[f"rates.{side}.{name}"] = value
         return out
-
-
-# --- the request log side -----------------------------------------------------------------------------------
-
-
-def window_rates(rows: Iterable[LogRow]) -> WindowRates:
-    """Safety hits and refusals over ``rows`` (every version): requests refused before routing and 4xx rows are
-    left out, hits count among the rows a model answered, refusals among completed (ok) answers."""
-    answered = hits = completed = refusals = 0
-    for row in rows:
-        if not _answered(row):
-            continue
-        answered += 1
-        hits += row.pre_filter is not None or row.post_filter is not None
-        if row.status in ("ok", "content_filter"):
-            completed += 1
-        if row.status == "ok":
-            refusals += bool(row.refusal)
-    return WindowRates(answered=answered, safety_hits=hits, completed=completed, refusals=refusals)
-
-
-class PromptRow(LogRow, Protocol):
-    """A request-log row with its prompt (serving's ``RequestLogEntry`` satisfies it)."""
-
-    @property
-    def prompt_text(self) -> str | None: ...  # the request's last user message, redacted
-    @property
-    def conversation_id(self) -> str | None: ...
-
-
-def window_prompts(rows: Iterable[PromptRow]) -> list[str]:
-    """The window's prompts to compare with the reference: the opening prompt of each conversation (its earliest
-    row) and every request outside a conversation, in time order; rows refused before routing and empty prompts
-    are left out. Follow-up turns ("Thanks. And briefly, why?") are not what the training snapshot's opening
-    prompts are made of: 19% of them made normal traffic drift on length and digits in a measurement."""
-    seen: set[str] = set()
-    out = []
-    for row in sorted(rows, key=lambda r: r.at):
-        if row.route == "rejected" or not (row.prompt_text or "").strip():
-            continue
-        if row.conversation_id is not None:
-            if row.conversation_id in seen:
-                continue
-            seen.add(row.conversation_id)
-        out.append(row.prompt_text or "")
-    return out
-
-
-def window_span(rows: Iterable[LogRow], start: datetime, end: datetime) -> WindowSpan:
-    """The span ``[start, end]`` of the window and the answered requests per model version among ``rows``."""
-    versions = Counter(row.model_version for row in rows if row.model_version is not None and _answered(row))
-    return WindowSpan(start=start, end=end, versions=dict(sorted(versions.items())))
-
-
-def _answered(row: LogRow) -> bool:
-    """A model answered it (not refused before routing, not the client's 4xx)."""
-    return row.route != "rejected" and not 400 <= row.http_status < 500 and row.model_version is not None
 
 
 # --- the check ------------------------------------------------------------------------------------------------

@@ -38,8 +38,9 @@ from typing import Any, Protocol
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from monitoring import stats
-from monitoring.drift import DriftReport, WindowRates, WindowSpan
+from monitoring.drift import DriftReport
 from monitoring.drift_config import RetrainPolicy
+from monitoring.window import WindowRates, WindowSpan
 
 __all__ = [
     "ChampionState",

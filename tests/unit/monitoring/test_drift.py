@@ -19,17 +19,10 @@ from pydantic import ValidationError
 from unit.monitoring.rows import CANARY, CHAMPION, T0, Row
 
 from core.embedding import Embedder
-from monitoring.drift import (
-    DriftReport,
-    PromptRow,
-    WindowRates,
-    detect_drift,
-    window_prompts,
-    window_rates,
-    window_span,
-)
+from monitoring.drift import DriftReport, detect_drift
 from monitoring.drift_config import DriftConfig
 from monitoring.drift_html import render_html
+from monitoring.window import PromptRow, WindowRates, window_prompts, window_rates, window_span
 from serving.state.store import RequestLogEntry
 
 WORDS = ["river", "castle", "apple", "pocket", "summer", "light", "mirror", "stone", "garden", "planet"]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from unit.monitoring.rows import CANARY, CHAMPION, T0
 
-from monitoring.drift import DriftReport, WindowRates, WindowSpan
+from monitoring.drift import DriftReport
 from monitoring.drift_config import RetrainPolicy
 from monitoring.retrain import (
     ChampionState,
@@ -24,6 +24,7 @@ from monitoring.retrain import (
     Signals,
     decide_retrain,
 )
+from monitoring.window import WindowRates, WindowSpan
 
 POLICY = RetrainPolicy()
 NOW = T0 + timedelta(days=10)

@@ -26,6 +26,7 @@ from flows.config import CONFIG_DIR
 
 TINY = str(CONFIG_DIR / "tiny.yaml")
 FREE_PORTS = ["--set", "schedule.mlflow_port=0", "--set", "schedule.prefect_port=0"]
+SHUTDOWN_GUARD_S = 180
 
 
 class Running:
@@ -49,6 +50,17 @@ class Running:
                 assert self.proc.poll() is None, "".join(self.seen)[-3000:]
         raise AssertionError(f"no line matching {pattern!r}: {''.join(self.seen)[-3000:]}")
 
+    def interrupt(self) -> int:
+        """Ctrl-C, then its exit status. In-flight flow runs finish first (Prefect's runner waits for them and
+        gives a run it must stop 30 s of grace), so the hang guard is generous; on a hang, what it printed."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=SHUTDOWN_GUARD_S)
+        except subprocess.TimeoutExpired:
+            while not self.lines.empty():
+                self.seen.append(self.lines.get())
+            raise AssertionError(f"still running {SHUTDOWN_GUARD_S} s after Ctrl-C: {''.join(self.seen)[-4000:]}")
+
 
 @contextmanager
 def started(*args: str, home: Path) -> Iterator[Running]:
@@ -66,7 +78,7 @@ def started(*args: str, home: Path) -> Iterator[Running]:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=60)
+                proc.wait(timeout=SHUTDOWN_GUARD_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 raise
@@ -95,8 +107,7 @@ def test_ui_serves_the_mlflow_registry_and_prefect_until_ctrl_c(home: Path) -> N
         models = httpx.get(mlflow + "/api/2.0/mlflow/registered-models/search", timeout=10)
         assert models.status_code == 200
         assert httpx.get(prefect + "/api/health", timeout=10).status_code == 200
-        ui.proc.send_signal(signal.SIGINT)
-        assert ui.proc.wait(timeout=60) == 0
+        assert ui.interrupt() == 0
         ui.wait_for("UIs stopped")
     assert (home / "mlflow" / "mlflow.db").is_file()
     time.sleep(1)
@@ -129,7 +140,6 @@ def test_schedule_serves_the_deployments_and_prefect_runs_them(home: Path) -> No
             runs = httpx.post(api + "/flow_runs/filter", json=body, timeout=10).json()
             time.sleep(2)
         assert runs, "the scheduled rollout controller never completed a run"
-        sched.proc.send_signal(signal.SIGINT)
-        assert sched.proc.wait(timeout=60) == 0
+        assert sched.interrupt() == 0
     time.sleep(1)
     assert _gone(api + "/health")

@@ -48,6 +48,10 @@ def newcomer(tmp_path_factory: pytest.TempPathFactory, session_home: Home) -> tu
     result = lifecycle("run", "--json", home=home, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" in result.stderr
+    # the fine-tune the kill interrupted went on from its checkpoint (the one report that resumed), past it
+    reports = [json.loads(p.read_text()) for p in home.glob("models/runs/*/train_result.json")]
+    (resumed,) = [r for r in reports if r["resumed_from_step"] > 0]
+    assert resumed["resumed_from_step"] >= 4 and resumed["steps"] > resumed["resumed_from_step"], resumed
     return home, json.loads(result.stdout)
 
 

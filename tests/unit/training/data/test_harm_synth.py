@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 
 from core.errors import DataError
+from evals.harm import load_human_slice
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
+from training.data.harm_pools_more import MORE_ACTIONS, MORE_FRAMES
 from training.data.harm_synth import (
+    ALL_ACTIONS,
+    ALL_FRAMES,
     SPLITS,
     build_harm_snapshot,
     check_disjoint,
@@ -39,6 +43,27 @@ def test_pools_are_dealt_by_position_and_large_enough() -> None:
     assert [split_of(i) for i in range(5)] == ["train", "train", "train", "validation", "test"]
     assert all(len(a) >= 10 for a in ACTIONS.values()) and len(FRAMES) >= 20
     assert set(LEXICON) == set(ACTIONS)  # the training-only vocabulary covers every class
+
+
+def test_the_wider_pools_continue_the_old_ones_and_reach_every_split() -> None:
+    assert ALL_FRAMES[: len(FRAMES)] == FRAMES and ALL_FRAMES[len(FRAMES) :] == MORE_FRAMES
+    assert all(ALL_ACTIONS[c][: len(ACTIONS[c])] == ACTIONS[c] for c in ACTIONS)  # old positions, old splits
+    assert set(MORE_ACTIONS) == set(ACTIONS) and all(len(a) >= 15 for a in MORE_ACTIONS.values())
+    assert all(f.count("{x}") == 1 for f in ALL_FRAMES)
+    splits = generate_harm()
+    for split in SPLITS:  # the indirect, role-play and fiction frames are in every split
+        new = {f"f{len(FRAMES) + i}" for i in range(len(MORE_FRAMES))}
+        assert any(r["wording"].split("+")[0] in new for r in splits[split]), split
+
+
+def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:
+    """The human slice measures wording the generator never produced: the leakage contract against it too."""
+    human = set().union(*(ngrams(r["text"]) for r in load_human_slice()))
+    human_texts = {r["text"].lower() for r in load_human_slice()}
+    for split, records in generate_harm().items():
+        for r in records:
+            assert not ngrams(r["text"]) & human, (split, r["text"])
+            assert r["text"].lower() not in human_texts
 
 
 def test_a_planted_leak_is_caught() -> None:

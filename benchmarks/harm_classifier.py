@@ -1,0 +1,94 @@
+"""The harm classifier's own cost and catch: a candidate version against a baseline, in the same run.
+
+    .venv/bin/python benchmarks/harm_classifier.py --baseline <folder> --candidate <folder> [--snapshot <folder>]
+
+Latency: ``judge_turns`` (what the gateway's pre-filter calls) on one thread, per prompt, the two versions
+interleaved prompt by prompt over the human slice and the test split's prompts (``--repeat`` passes), p50 and p99
+of each and the candidate/baseline ratio. Catch: blocked counts per kind and harm category (Wilson 95% interval)
+on the hand-written human slice (``evals/harm_human.yaml``) and, with ``--snapshot``, on a harm snapshot's test split.
+Each version uses the threshold it was registered with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("RAYON_NUM_THREADS", "1")  # the tokenizer's threads: one, like one request's
+
+from core.harm import HarmClassifier  # noqa: E402
+from evals.harm import load_human_slice  # noqa: E402
+from training.data.snapshot import Snapshot  # noqa: E402
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if not n:
+        return (float("nan"), float("nan"))
+    p = k / n
+    mid, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return ((mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n))
+
+
+def catch(clf: HarmClassifier, records: list[dict[str, str]]) -> dict[str, str]:
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r, s in zip(records, clf.scores([r["text"] for r in records]), strict=True):
+        keys = ["harmful", r["label"]] if r["kind"] == "harmful" else [r["kind"]]
+        for key in keys:
+            counts[key][0] += clf.blocks(s)
+            counts[key][1] += 1
+    out = {}
+    for key, (k, n) in sorted(counts.items()):
+        lo, hi = wilson(k, n)
+        out[key] = f"{k}/{n} = {k / n:.3f} [{lo:.2f}, {hi:.2f}]"
+    return out
+
+
+def latency(clfs: dict[str, HarmClassifier], texts: list[str], repeat: int) -> dict[str, dict[str, float]]:
+    times: dict[str, list[float]] = {name: [] for name in clfs}
+    for _ in range(repeat):
+        for text in texts:
+            for name, clf in clfs.items():
+                start = time.perf_counter()
+                clf.judge_turns([text], context=4)
+                times[name].append((time.perf_counter() - start) * 1e3)
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+    return {name: {"p50_ms": round(pct(t, 0.5), 4), "p99_ms": round(pct(t, 0.99), 4)} for name, t in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", type=Path, required=True)
+    ap.add_argument("--candidate", type=Path, required=True)
+    ap.add_argument("--snapshot", type=Path, help="a harm snapshot folder: its test split is scored too")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    clfs = {"baseline": HarmClassifier.load(args.baseline), "candidate": HarmClassifier.load(args.candidate)}
+    human = load_human_slice()
+    test: list[dict[str, str]] = []
+    if args.snapshot:
+        manifest = json.loads((args.snapshot / "manifest.json").read_text(encoding="utf-8"))
+        test = list(Snapshot(manifest["hash"], args.snapshot, manifest).records("test"))
+    report: dict[str, object] = {"threshold": {n: c.threshold for n, c in clfs.items()}}
+    for name, clf in clfs.items():
+        report[f"{name}/human"] = catch(clf, human)
+        if test:
+            report[f"{name}/test"] = catch(clf, test)
+    lat = latency(clfs, [r["text"] for r in human + test], args.repeat)
+    report["latency_one_thread"] = lat
+    report["ratio_candidate_to_baseline"] = {
+        k: round(lat["candidate"][k] / lat["baseline"][k], 3) for k in ("p50_ms", "p99_ms")
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

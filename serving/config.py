@@ -231,16 +231,17 @@ class CostConfig(StrictModel):
     project is developed and measured on (docs/operations-cost.md); production sets its own hardware and rate."""
 
     hardware: str = Field(
-        "cpu-16vcpu-xeon",
+        "cpu-2vcpu-xeon",
         description="The hardware one engine replica runs on, named as the price list names it (a cloud instance "
-        "type, a GPU model): shown beside the price in /metrics and GET /v1/models.",
+        "type, a GPU model): shown beside the price in /metrics and GET /v1/models. Default: the 2-vCPU Intel Xeon "
+        "machine this project is developed and measured on.",
     )
     price_usd_per_replica_hour: float = Field(
-        0.68,
+        0.10,
         ge=0,
-        description="What one engine replica costs per hour, in US dollars (default: an on-demand 16-vCPU x86 "
-        "instance of the kind this project measures on; an H100 GPU is about 2-4 USD an hour). 0: cost not tracked "
-        "(every cost reads 0).",
+        description="What one engine replica costs per hour, in US dollars. Default: about an on-demand 2-vCPU x86 "
+        "cloud instance (AWS m6i.large lists at 0.096 USD/h in us-east-1); a one-H100 replica is 2-4 USD/h. "
+        "0: cost not tracked (every cost reads 0, the canary's cost check passes).",
     )
 
 

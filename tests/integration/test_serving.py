@@ -384,6 +384,9 @@ def test_readyz_healthz_and_metrics(gateway: Gateway) -> None:
         "lifecycle_queue_depth",
         "lifecycle_safety_hits_total",
         "lifecycle_errors_total",
+        "lifecycle_engine_busy_seconds_total",
+        "lifecycle_price_usd_per_replica_hour",
+        "lifecycle_cost_usd_per_million_tokens",
     ):
         assert name in metrics, name
     assert 'model_version="chat/1"' in metrics

@@ -1,18 +1,22 @@
-"""Cost per 1M tokens per model version: how long each version's engine replicas are busy, priced per
+"""Cost per 1M tokens per model version: how long the engine replicas serving each version are busy, priced per
 replica-hour (``serving.cost``).
 
-A version is *busy* while at least one of its requests is in flight on its engine: wall time, not CPU time (a
-replica waiting on one request costs as much as one batching sixty-four). ``BusyClock`` measures it per version
-and shares each busy stretch out among the requests in flight during it (processor sharing: a second with two
-requests in flight is half a second each), so a version's busy time is the sum of its requests' shares and the
-``cost_usd`` of ``/v1/usage`` and the request log adds up to what ``/metrics`` shows:
+An engine replica is *busy* while at least one request is in flight on it: wall time, not CPU time (a replica
+waiting on one request costs as much as one batching sixty-four). ``BusyClock`` measures it per engine and shares
+each busy stretch out among the requests in flight on the engine during it (processor sharing: a second with two
+requests in flight is half a second each). A version's busy seconds are its requests' shares: on an engine of its
+own, exactly the wall time with at least one of its requests in flight; on a base engine shared with other versions'
+LoRA adapters, its part of that engine's busy time, so nothing is counted twice and a canary batched with the
+champion costs what the champion costs per token. The ``cost_usd`` of ``/v1/usage`` and the request log therefore
+adds up to what ``/metrics`` shows:
 
-    lifecycle_engine_busy_seconds_total{model_version}              busy wall time
+    lifecycle_engine_busy_seconds_total{model_version}              busy seconds (its requests' shares)
     lifecycle_price_usd_per_replica_hour{model_version,hardware}    the configured price
     lifecycle_cost_usd_per_million_tokens{model_version}            busy hours x price / completion tokens x 1e6
 
 Only requests that answer users count (a mirrored shadow request is the shadow version's test, not its cost of
-serving); a request blocked before inference never reaches an engine and costs nothing.
+serving); a request blocked before inference never reaches an engine and costs nothing. A request's share is
+counted when it ends.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from serving.pipeline.metrics import ServingMetrics
 
 
 @dataclass
-class _Busy:
+class _Busy:  # one engine
     in_flight: int = 0
     since: float = 0.0  # the last change of in_flight
     busy_s: float = 0.0  # wall time with at least one request in flight
@@ -36,54 +40,53 @@ class _Busy:
 
 @dataclass(frozen=True)
 class Lease:
-    """One request in flight on ``version``; ``BusyClock.stop`` returns its share of the busy time."""
+    """One request of ``version`` in flight on ``engine``; ``BusyClock.stop`` returns its share of the busy time."""
 
+    engine: str
     version: str
     shared_at_start: float
 
 
 class BusyClock:
-    """Busy wall time per version, and each request's share of it (thread-safe; ``clock`` is injectable)."""
+    """Busy wall time per engine, and each request's share of it (thread-safe; ``clock`` is injectable)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._versions: dict[str, _Busy] = {}
+        self._engines: dict[str, _Busy] = {}
 
-    def _advance(self, v: _Busy) -> float:
+    def _advance(self, e: _Busy) -> None:
         now = self._clock()
-        elapsed = now - v.since if v.in_flight else 0.0
-        v.busy_s += elapsed
-        if v.in_flight:
-            v.shared_s += elapsed / v.in_flight
-        v.since = now
-        return elapsed
+        if e.in_flight:
+            e.busy_s += now - e.since
+            e.shared_s += (now - e.since) / e.in_flight
+        e.since = now
 
-    def start(self, version: str) -> tuple[Lease, float]:
-        """A request of ``version`` starts; returns its lease and the busy seconds elapsed since the last change."""
+    def start(self, engine: str, version: str) -> Lease:
+        """A request of ``version`` starts on ``engine``."""
         with self._lock:
-            v = self._versions.setdefault(version, _Busy())
-            elapsed = self._advance(v)
-            v.in_flight += 1
-            return Lease(version, v.shared_s), elapsed
+            e = self._engines.setdefault(engine, _Busy())
+            self._advance(e)
+            e.in_flight += 1
+            return Lease(engine, version, e.shared_s)
 
-    def stop(self, lease: Lease) -> tuple[float, float]:
-        """The request ends; returns its share of the busy time and the busy seconds since the last change."""
+    def stop(self, lease: Lease) -> float:
+        """The request ends; returns its share of the engine's busy time in seconds."""
         with self._lock:
-            v = self._versions[lease.version]
-            elapsed = self._advance(v)
-            v.in_flight -= 1
-            assert v.in_flight >= 0, f"{lease.version}: more stops than starts"
-            return v.shared_s - lease.shared_at_start, elapsed
+            e = self._engines[lease.engine]
+            self._advance(e)
+            e.in_flight -= 1
+            assert e.in_flight >= 0, f"{lease.engine}: more stops than starts"
+            return e.shared_s - lease.shared_at_start
 
-    def busy_s(self, version: str) -> float:
-        """Busy seconds of ``version`` so far (the stretch still running included)."""
+    def busy_s(self, engine: str) -> float:
+        """Busy seconds of ``engine`` so far (the stretch still running included)."""
         with self._lock:
-            v = self._versions.get(version)
-            if v is None:
+            e = self._engines.get(engine)
+            if e is None:
                 return 0.0
-            self._advance(v)
-            return v.busy_s
+            self._advance(e)
+            return e.busy_s
 
 
 def cost_per_million(busy_s: float, price_usd_per_hour: float, completion_tokens: int) -> float | None:
@@ -102,27 +105,22 @@ class CostMeter:
         self.clock = BusyClock(clock)
         self._lock = threading.Lock()
         self._tokens: dict[str, int] = {}  # completion tokens per version
-        self._busy: dict[str, float] = {}  # busy seconds per version, as counted so far
+        self._busy: dict[str, float] = {}  # busy seconds per version: the shares of its finished requests
 
     def usd(self, busy_s: float) -> float:
         return busy_s / 3600 * self.cfg.price_usd_per_replica_hour
 
-    def start(self, version: str) -> Lease:
-        lease, elapsed = self.clock.start(version)
+    def start(self, engine: str, version: str) -> Lease:
         self.metrics.price.labels(version, self.cfg.hardware).set(self.cfg.price_usd_per_replica_hour)
-        self._busy_for(version, elapsed)
-        return lease
+        return self.clock.start(engine, version)
 
     def stop(self, lease: Lease) -> float:
-        """End one engine call; returns its share of the busy time in seconds."""
-        share, elapsed = self.clock.stop(lease)
-        self._busy_for(lease.version, elapsed)
-        return share
-
-    def _busy_for(self, version: str, elapsed: float) -> None:
+        """End one engine call; returns its share of the engine's busy time in seconds (counted for its version)."""
+        share = self.clock.stop(lease)
         with self._lock:
-            self._busy[version] = self._busy.get(version, 0.0) + elapsed
-        self.metrics.busy.labels(version).inc(elapsed)
+            self._busy[lease.version] = self._busy.get(lease.version, 0.0) + share
+        self.metrics.busy.labels(lease.version).inc(share)
+        return share
 
     def finish(self, version: str, completion_tokens: int, busy_share_s: float) -> float:
         """Count a recorded request's tokens, refresh the version's cost per 1M tokens; returns its cost in USD."""

@@ -324,7 +324,7 @@ class Gateway:
         )
         if call.shadow is not None:  # mirrored in the background: never awaited, never shown
             call.shadow_run = self.shadow.start(call.request_id, call.started, call.served.ref, greq, call.shadow)
-        lease = self.cost.start(call.served.ref)  # busy from here until the stream is closed (end(), below)
+        lease = self.cost.start(engine.key, call.served.ref)  # busy until the stream is closed (end(), below)
         stream = self.faults.apply(call.served.ref, engine.generate(greq))
         completed = False
         try:

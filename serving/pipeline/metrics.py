@@ -97,8 +97,8 @@ class ServingMetrics:
         )
         self.busy = Counter(
             "lifecycle_engine_busy_seconds",
-            "Seconds the engine replica serving a version was busy: wall time with at least one of the version's "
-            "requests in flight on it (serving.pipeline.cost).",
+            "Seconds the engine replica serving a version was busy (wall time with at least one request in flight "
+            "on it), counted for the versions of the requests in flight, shared evenly (serving.pipeline.cost).",
             ["model_version"],
             registry=r,
         )

@@ -396,6 +396,10 @@ async def test_conversation_routes_are_per_tenant(make_harness: MakeHarness) -> 
     deleted = await h.request("DELETE", f"/v1/conversations/{first}")
     assert deleted.json() == {"id": first, "object": "conversation.deleted", "deleted": True}
     assert_openai_error(await h.request("GET", f"/v1/conversations/{first}"), 404, "conversation_not_found")
+    # its texts left the request log at once; the other conversation's stay, and every row keeps its numbers
+    logged = {r.conversation_id: r for r in h.runtime.gateway.store.request_log()}
+    assert (logged[first].prompt_text, logged[first].response_text, logged[first].completion_tokens) == (None, None, 3)
+    assert logged[second].prompt_text == "second question"
 
 
 @pytest.mark.parametrize(("query", "status", "param"), [("limit=0", 400, "limit"), ("limit=abc", 422, "limit")])

@@ -4,7 +4,7 @@ contract: ``[tool.importlinter]`` in pyproject.toml, run by ``make lint``; drawn
 
     cli                                  the parser and main(): collects the commands
     commands                             one module per group of commands, each declared next to its handler
-    loop | schedule                      lifecycle-run (the whole loop); the four scheduled deployments
+    loop | schedule                      lifecycle-run (the whole loop); the scheduled deployments
     retrain                              the retrain flow (one, with its ending as a parameter) and retrain-check
     train | evaluate | rollout | monitor the single flows (Prefect tasks and flows over the adapters)
     signals | preference                 drift report and retrain decision; the preference stage (pairs, DPO)

@@ -58,6 +58,10 @@ class ScheduleConfig(StrictModel):
     monitor_every_s: int = Field(900, ge=60, description="Monitoring (drift report on the request log) interval.")
     champion_eval_cron: str = Field("0 3 * * *", description="Daily re-evaluation of the champion (cron).")
     retrain_check_cron: str = Field("0 2 * * *", description="Nightly retrain check: drift + quality signals (cron).")
+    log_retention_cron: str = Field(
+        "30 1 * * *",
+        description="Daily erasure of log texts older than serving.log_text_retention_days (cron).",
+    )
     timezone: str = Field("UTC", description="Time zone of the cron schedules.")
     host: str = Field("127.0.0.1", description="Interface the local Prefect server and MLflow UI bind.")
     prefect_port: int = Field(4200, ge=0, le=65535, description="Local Prefect server port (0: a free one).")

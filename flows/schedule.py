@@ -1,6 +1,6 @@
 """Schedules and UIs: ``lifecycle schedule`` keeps the loop running, ``lifecycle ui`` opens it to people.
 
-    lifecycle schedule                        # a local Prefect server + the four deployments below, until Ctrl-C
+    lifecycle schedule                        # a local Prefect server + the deployments below, until Ctrl-C
     lifecycle schedule --work-pool lifecycle  # register them on a work pool of PREFECT_API_URL's server, and exit
     lifecycle ui                              # the MLflow UI (registry: promote by alias) and the Prefect UI
 
@@ -10,6 +10,7 @@ The deployments (``schedule:`` in the config sets the intervals):
     monitor              every 15 minutes  drift report on the request log (``lifecycle monitor``)
     champion-eval        daily             the champion through the eval suites again
     retrain-check        nightly           drift + quality signals -> maybe a retrain (``lifecycle retrain``)
+    log-retention        daily             erase log texts older than serving.log_text_retention_days
 
 Embedded (the default): Prefect refuses to schedule on its ephemeral server, so ``schedule`` starts a real one
 (SQLite under ``$LIFECYCLE_HOME/prefect``) unless ``PREFECT_API_URL`` already names one, and the flows run in
@@ -41,6 +42,7 @@ from core.runtime import runtime_environment
 from flows.config import LifecycleConfig
 from flows.evaluate import champion_eval_flow
 from flows.monitor import monitor_flow
+from flows.retention import log_retention_flow
 from flows.retrain import retrain_check_flow
 from flows.rollout import rollout_controller_flow
 from flows.stages import open_registry
@@ -107,7 +109,7 @@ TAG = "chat-lifecycle"  # on every deployment and its runs; the crash automation
 
 
 def deployments(cfg: LifecycleConfig, home: Home, pool: str | None = None) -> list[Any]:  # RunnerDeployment
-    """The four scheduled deployments, each with the resolved config and the home as parameters; with ``pool``,
+    """The scheduled deployments, each with the resolved config and the home as parameters; with ``pool``,
     deployments of that work pool (its workers import the flows by module path and send heartbeats)."""
     s = cfg.schedule
     common: dict[str, Any] = {
@@ -156,6 +158,12 @@ def deployments(cfg: LifecycleConfig, home: Home, pool: str | None = None) -> li
             description="Drift and quality signals decide a retrain (cooldown and loop guard apply).",
             **common,
         ),
+        log_retention_flow.to_deployment(
+            "log-retention",
+            schedule=Cron(s.log_retention_cron, timezone=s.timezone),
+            description="Erase the request log's and shadow log's texts older than the retention period.",
+            **common,
+        ),
     ]
 
 
@@ -166,6 +174,7 @@ def describe(cfg: LifecycleConfig) -> list[tuple[str, str]]:
         ("monitor", f"every {s.monitor_every_s} s"),
         ("champion-eval", f"cron {s.champion_eval_cron!r} ({s.timezone})"),
         ("retrain-check", f"cron {s.retrain_check_cron!r} ({s.timezone})"),
+        ("log-retention", f"cron {s.log_retention_cron!r} ({s.timezone})"),
     ]
 
 

@@ -9,7 +9,7 @@
 Registering puts on the server, replacing what an earlier registration put there (rerun it after a config change:
 the deployments carry the resolved config as their parameters):
 - the work pool (type ``process``) when it does not exist yet (a worker started first creates it as well);
-- the four deployments of ``flows/schedule.py``, on the pool, each sending heartbeats while it runs;
+- the deployments of ``flows/schedule.py``, on the pool, each sending heartbeats while it runs;
 - the locks of ``flows/lock.py`` (the rollout controller's and the retrain check's);
 - two automations for runs whose worker died without a word (SIGKILL, an OOM kill, a lost machine or container):
   ``crash``: a run of ours silent for ``schedule.crash_after_s`` (no heartbeat, no end) is marked Crashed;

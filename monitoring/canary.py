@@ -18,6 +18,11 @@ champion) runs these checks; every comparison passes unless the data show a regr
   good one).
 - ``ttft_p95_ms``, ``ttft_p99_ms``, ``tpot_p95_ms``: seeded percentile bootstrap of the difference of
   percentiles; fail when the lower (1 - alpha) bound exceeds the allowed delta.
+- ``cost_ratio``: cost per completion token (the costed answers' ``cost_usd`` / their tokens) of the candidate
+  over the baseline's, by the same seeded bootstrap (answers resampled with their tokens); fail when the lower
+  (1 - alpha) bound exceeds 1 + ``cost_ratio_tolerance``. With fewer than ``min_latency_samples`` costed answers
+  on either side, or no cost on the baseline's (price 0: cost not tracked), it *passes* with the reason (rows
+  written before cost accounting must not hold a rollout).
 
 Either side below ``min_samples`` requests makes every check but the guardrail inconclusive; latency checks
 also need ``min_latency_samples`` measurements on both sides. ``analyze_shadow`` does the same on shadow pairs.
@@ -247,7 +252,42 @@ def _analyze(baseline: VersionStats, candidate: VersionStats, policy: RolloutPol
         else:
             c, b = getattr(candidate, array), getattr(baseline, array)
             checks += _latency_checks(specs, c, b, policy, seed_index, False, (who, "baseline"))
+    checks.append(_cost_check(baseline, candidate, policy, too_few, who))
     return Verdict.from_checks(checks, who, candidate.n, baseline.n)
+
+
+def _cost_check(
+    baseline: VersionStats, candidate: VersionStats, policy: RolloutPolicy, too_few: str | None, who: str
+) -> Check:
+    """The candidate's cost per completion token over the baseline's (see the module docstring)."""
+    tol = policy.thresholds.cost_ratio_tolerance
+    allowed = 1.0 + tol
+    if too_few:
+        return _check("cost_ratio", "inconclusive", too_few, threshold=allowed)
+    sides = ((who, candidate), ("baseline", baseline))
+    min_n = policy.min_latency_samples
+    short = [f"{side} {s.cost_usd.size} < {min_n}" for side, s in sides if s.cost_usd.size < min_n]
+    spent = {side: (float(s.cost_usd.sum()), float(s.cost_tokens.sum())) for side, s in sides}
+    if not short and (spent["baseline"][0] <= 0 or spent["baseline"][1] <= 0 or spent[who][1] <= 0):
+        short = ["no cost or no tokens on a side (serving.cost.price_usd_per_replica_hour 0?)"]
+    if short:
+        return _check("cost_ratio", "pass", "too few costed answers to judge: " + ", ".join(short), threshold=allowed)
+    (cc, ct), (bc, bt) = spent[who], spent["baseline"]
+    point = (cc / ct) / (bc / bt)
+    ratios = stats.bootstrap_cost_ratio(
+        (candidate.cost_usd, candidate.cost_tokens),
+        (baseline.cost_usd, baseline.cost_tokens),
+        policy.bootstrap_resamples,
+        [policy.seed, 2],
+    )
+    ratios = ratios[np.isfinite(ratios)]
+    lower = float(np.quantile(ratios, policy.alpha))
+    p = float(np.mean(ratios <= allowed))
+    per_m = f"{cc / ct * 1e6:.4g} vs {bc / bt * 1e6:.4g} USD per 1M tokens"
+    shown = f"{per_m}, ratio {point:.3f}, lower bound {lower:.3f} vs allowed {allowed:.3f}"
+    outcome: Outcome = "fail" if lower > allowed else "pass"
+    reason = f"{shown}: {'costs more per token beyond the allowed ratio' if outcome == 'fail' else 'within'}"
+    return _check("cost_ratio", outcome, reason, threshold=allowed, candidate=point, baseline=1.0, p_value=p)
 
 
 def analyze_canary(baseline: VersionStats, candidate: VersionStats, policy: RolloutPolicy) -> Verdict:

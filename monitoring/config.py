@@ -57,6 +57,14 @@ class RolloutThresholds(StrictModel):
         description="Allowed increase of the thumbs-down rate (thumbs down / rated answers, POST /v1/feedback) over "
         "the baseline's.",
     )
+    cost_ratio_tolerance: float = Field(
+        1.0,
+        ge=0,
+        description="Allowed increase of the cost per completion token over the baseline's, as a fraction of it "
+        "(1.0: up to twice the baseline's). Lenient because cost per token depends on load: canary and champion "
+        "adapters sharing a base engine share its busy time evenly, but a full-model canary on an engine of its own "
+        "at a small weight is less batched and costs more per token by load alone (docs/operations-cost.md).",
+    )
     shadow_min_similarity: float = Field(
         0.5, ge=-1, le=1, description="Floor on the mean embedding similarity of shadow and primary answers."
     )

@@ -154,3 +154,23 @@ def bootstrap_percentile_deltas(
             baseline[idx], qs, axis=1
         )
     return out
+
+
+def bootstrap_cost_ratio(
+    candidate: tuple[NDArray[np.float64], NDArray[np.float64]],
+    baseline: tuple[NDArray[np.float64], NDArray[np.float64]],
+    resamples: int,
+    seed: int | Sequence[int],
+) -> NDArray[np.float64]:
+    """Bootstrap distribution of (sum cost / sum tokens of the candidate) / (the same of the baseline), each side's
+    (cost, tokens) rows resampled together and independently of the other's; a resample whose baseline has no
+    cost or either side no tokens gives NaN (drop them)."""
+    rng = np.random.default_rng(seed)
+
+    def per_token(cost: NDArray[np.float64], tokens: NDArray[np.float64]) -> NDArray[np.float64]:
+        idx = rng.integers(0, cost.size, size=(resamples, cost.size))
+        spent, made = cost[idx].sum(axis=1), tokens[idx].sum(axis=1)
+        return np.divide(spent, made, out=np.full(resamples, np.nan), where=made > 0)
+
+    cand, base = per_token(*candidate), per_token(*baseline)
+    return np.divide(cand, base, out=np.full(resamples, np.nan), where=base > 0)

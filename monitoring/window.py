@@ -17,7 +17,9 @@ How a log row counts for a version (``version_stats``):
 - otherwise by status: ``error`` -> error, ``aborted`` (the client went away) -> aborted, left out of the success
   denominator; safety hits, refusals, completions and latencies come from the rows the version answered itself;
 - user feedback (``feedback_rating``, ``POST /v1/feedback``) counts on the answered rows it rates (``rated``,
-  ``thumbs_down``): a rating given after the analysis read the window counts in the next analysis.
+  ``thumbs_down``): a rating given after the analysis read the window counts in the next analysis;
+- cost (``cost_usd``, the request's share of its engine's busy time, priced) counts on the answered ``ok`` rows
+  that carry one, with their completion tokens (``cost_usd`` / ``cost_tokens``: the cost per token).
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ class LogRow(Protocol):
     def finish_reason(self) -> str | None: ...
     @property
     def feedback_rating(self) -> int | None: ...  # the user's rating of the answer: 1, -1, None (not rated)
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def cost_usd(self) -> float | None: ...  # the request's share of its engine's busy time, priced; None: not costed
 
 
 class ShadowRow(Protocol):
@@ -127,6 +133,9 @@ class VersionStats:
     ttft_ms: NDArray[np.float64] = field(default_factory=lambda: _array([]), compare=False, repr=False)
     tpot_ms: NDArray[np.float64] = field(default_factory=lambda: _array([]), compare=False, repr=False)
     e2e_ms: NDArray[np.float64] = field(default_factory=lambda: _array([]), compare=False, repr=False)
+    # per costed answer (status ok, cost_usd set): its cost and its completion tokens, for the cost per token
+    cost_usd: NDArray[np.float64] = field(default_factory=lambda: _array([]), compare=False, repr=False)
+    cost_tokens: NDArray[np.float64] = field(default_factory=lambda: _array([]), compare=False, repr=False)
 
     @property
     def attempts(self) -> int:
@@ -192,7 +201,7 @@ def version_stats(rows: Iterable[LogRow], version: str, since: datetime | None =
         "down",
     )
     c = dict.fromkeys(names, 0)
-    lat: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": []}
+    lat: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2e_ms": [], "cost_usd": [], "cost_tokens": []}
     for row in rows:
         assigned = row.assigned_version or row.model_version
         if assigned != version or row.route == "rejected" or 400 <= row.http_status < 500:
@@ -226,6 +235,9 @@ def version_stats(rows: Iterable[LogRow], version: str, since: datetime | None =
             for name, value in (("ttft_ms", row.ttft_ms), ("tpot_ms", row.tpot_ms), ("e2e_ms", row.e2e_ms)):
                 if value is not None:
                     lat[name].append(value)
+            if row.cost_usd is not None:
+                lat["cost_usd"].append(row.cost_usd)
+                lat["cost_tokens"].append(float(row.completion_tokens))
     return VersionStats(
         version=version,
         n=c["n"],
@@ -243,6 +255,8 @@ def version_stats(rows: Iterable[LogRow], version: str, since: datetime | None =
         ttft_ms=_array(lat["ttft_ms"]),
         tpot_ms=_array(lat["tpot_ms"]),
         e2e_ms=_array(lat["e2e_ms"]),
+        cost_usd=_array(lat["cost_usd"]),
+        cost_tokens=_array(lat["cost_tokens"]),
     )
 
 

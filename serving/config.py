@@ -225,6 +225,26 @@ class ShadowConfig(StrictModel):
     )
 
 
+class CostConfig(StrictModel):
+    """What an engine replica costs, for the cost per 1M tokens (``serving.pipeline.cost``): busy hours of a
+    version's replicas x this price / the completion tokens they wrote. The defaults price the CPU machine the
+    project is developed and measured on (docs/operations-cost.md); production sets its own hardware and rate."""
+
+    hardware: str = Field(
+        "cpu-2vcpu-xeon",
+        description="The hardware one engine replica runs on, named as the price list names it (a cloud instance "
+        "type, a GPU model): shown beside the price in /metrics and GET /v1/models. Default: the 2-vCPU Intel Xeon "
+        "machine this project is developed and measured on.",
+    )
+    price_usd_per_replica_hour: float = Field(
+        0.10,
+        ge=0,
+        description="What one engine replica costs per hour, in US dollars. Default: about an on-demand 2-vCPU x86 "
+        "cloud instance (AWS m6i.large lists at 0.096 USD/h in us-east-1); a one-H100 replica is 2-4 USD/h. "
+        "0: cost not tracked (every cost reads 0, the canary's cost check passes).",
+    )
+
+
 class FaultConfig(StrictModel):
     """Fault injection for rollout drills and tests, like Envoy's fault filter: slow down one version's answers
     (primary, canary and shadow alike) and watch the canary analysis catch it."""
@@ -251,6 +271,12 @@ class ServingConfig(StrictModel):
         "$LIFECYCLE_HOME/serving/serving.db. Production: postgresql+psycopg://...",
     )
     retention_days: float = Field(30, gt=0, description="Deleted conversations are purged after this many days.")
+    log_text_retention_days: float = Field(
+        30,
+        gt=0,
+        description="Prompt, reply, error and feedback texts of the request log and the shadow log are erased after "
+        "this many days by the scheduled log-retention flow (the numeric rows stay: usage, cost, latency, verdicts).",
+    )
     routing: RoutingConfig = Field(default_factory=RoutingConfig, description="Which versions answer.")
     engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine settings.")
     # not "keys": Prefect resolves flow parameters by walking them, and takes a field named keys for Mapping.keys
@@ -263,6 +289,9 @@ class ServingConfig(StrictModel):
     slo: SloConfig = Field(default_factory=SloConfig, description="Latency targets behind the goodput metric.")
     shadow: ShadowConfig = Field(
         default_factory=ShadowConfig, description="Mirroring to the shadow version (routing.shadow_alias)."
+    )
+    cost: CostConfig = Field(
+        default_factory=CostConfig, description="Price of an engine replica-hour, for the cost per 1M tokens."
     )
     faults: list[FaultConfig] = Field(
         default_factory=list,

@@ -93,6 +93,7 @@ async def usage(request: Request, start: str | None = None, end: str | None = No
             prompt_tokens=r.prompt_tokens,
             completion_tokens=r.completion_tokens,
             total_tokens=r.prompt_tokens + r.completion_tokens,
+            cost_usd=r.cost_usd,
         )
         for r in rows
     ]

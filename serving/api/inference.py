@@ -13,6 +13,7 @@ from core.errors import NotFoundError
 from serving.api import chat, completions
 from serving.api.admission import admit, answer, gateway, runtime, sse
 from serving.api.http import REQUEST_ID
+from serving.engines.router import ServedModel
 from serving.pipeline.gateway import Gateway
 from serving.wire import openapi, responses
 from serving.wire.protocol import ChatCompletionRequest
@@ -63,16 +64,35 @@ async def models(request: Request) -> dict[str, Any]:
     await gw.authenticate(request.headers.get("authorization"))
     table = gw.router
     created = int(runtime(request).started_at)
-    card = partial(responses.ModelCard, object="model", created=created, owned_by="chat-lifecycle")
-    data = [card(id=table.routing.served_name, x_model_version=_primary_header(gw))]
+    price = gw.cfg.cost
+    loaded = {s.version: s for s in table.models()}
+
+    def card(name: str, served: ServedModel | None, version: str | None = None) -> responses.ModelCard:
+        return responses.ModelCard(
+            id=name,
+            object="model",
+            created=created,
+            owned_by="chat-lifecycle",
+            x_model_version=version,
+            x_context_window=(served.engine.max_model_len or None) if served is not None else None,
+            x_hardware=price.hardware,
+            x_price_usd_per_replica_hour=price.price_usd_per_replica_hour,
+        )
+
+    data = [card(table.routing.served_name, _primary(gw), _primary_header(gw))]
     for alias, version in sorted(table.aliases.items()):
-        data.append(card(id=f"{table.model_name}@{alias}", x_model_version=f"{table.model_name}/{version}"))
-    data += [card(id=served.ref) for served in sorted(table.models(), key=lambda s: int(s.version))]
+        data.append(card(f"{table.model_name}@{alias}", loaded.get(version), f"{table.model_name}/{version}"))
+    data += [card(served.ref, served) for served in sorted(loaded.values(), key=lambda s: int(s.version))]
     return responses.dump(responses.ModelList(object="list", data=data))
 
 
-def _primary_header(gw: Gateway) -> str | None:
+def _primary(gw: Gateway) -> ServedModel | None:
     try:
-        return gw.router.route(gw.router.routing.served_name).model.header()
+        return gw.router.route(gw.router.routing.served_name).model
     except NotFoundError:
         return None
+
+
+def _primary_header(gw: Gateway) -> str | None:
+    served = _primary(gw)
+    return served.header() if served is not None else None

@@ -52,6 +52,7 @@ class Call:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when the request asked
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     finished: bool = False
+    busy_s: float = 0.0  # this request's share of its engine's busy time (serving.pipeline.cost)
     ended: float | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -53,6 +53,7 @@ from serving.engines.router import Route, Router
 from serving.pipeline import context as ctxmod
 from serving.pipeline.call import Call
 from serving.pipeline.context import FittedPrompt
+from serving.pipeline.cost import CostMeter
 from serving.pipeline.limits import RateLimiter
 from serving.pipeline.metrics import ServingMetrics
 from serving.pipeline.recorder import Recorder
@@ -101,7 +102,8 @@ class Gateway:
         self.shadow = ShadowMirror(
             cfg.shadow, store, filters.scorer, self.metrics, self.faults, embedder or MiniLmEmbedder()
         )
-        self.recorder = Recorder(cfg, store, limiter, self.metrics)
+        self.cost = CostMeter(cfg.cost, self.metrics)
+        self.recorder = Recorder(cfg, store, limiter, self.metrics, self.cost)
         self.review = review  # high-stakes classifier blocks for people to look at (serving.state.review)
         self.selection = Selection(cfg, self.metrics, self.recorder.ttft)
         self._background: set[asyncio.Task[None]] = set()
@@ -322,6 +324,7 @@ class Gateway:
         )
         if call.shadow is not None:  # mirrored in the background: never awaited, never shown
             call.shadow_run = self.shadow.start(call.request_id, call.started, call.served.ref, greq, call.shadow)
+        lease = self.cost.start(engine.key, call.served.ref)  # busy until the stream is closed (end(), below)
         stream = self.faults.apply(call.served.ref, engine.generate(greq))
         completed = False
         try:
@@ -364,9 +367,12 @@ class Gateway:
                 call.finish_reason = call.finish_reason or "abort"
 
             async def end() -> None:  # one shielded step: a cancelled request still aborts and closes its stream
-                if aborted:
-                    await engine.abort(call.request_id)
-                await close_stream(stream)
+                try:
+                    if aborted:
+                        await engine.abort(call.request_id)
+                    await close_stream(stream)
+                finally:
+                    call.busy_s = self.cost.stop(lease)
 
             await asyncio.shield(end())
 

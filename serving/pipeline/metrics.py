@@ -95,6 +95,26 @@ class ServingMetrics:
             ["model_version", "rating"],
             registry=r,
         )
+        self.busy = Counter(
+            "lifecycle_engine_busy_seconds",
+            "Seconds the engine replica serving a version was busy (wall time with at least one request in flight "
+            "on it), counted for the versions of the requests in flight, shared evenly (serving.pipeline.cost).",
+            ["model_version"],
+            registry=r,
+        )
+        self.price = Gauge(
+            "lifecycle_price_usd_per_replica_hour",
+            "What one engine replica costs per hour in USD, and the hardware it is priced as (serving.cost).",
+            ["model_version", "hardware"],
+            registry=r,
+        )
+        self.cost_per_million = Gauge(
+            "lifecycle_cost_usd_per_million_tokens",
+            "Cost per 1M completion tokens of a version since this gateway started: busy hours x price per "
+            "replica-hour / completion tokens x 1e6.",
+            ["model_version"],
+            registry=r,
+        )
         self.engine_up = Gauge("lifecycle_engine_up", "1 when the engine is ready.", ["engine"], registry=r)
         self.canary_routes = Counter(
             "lifecycle_canary_routes",

@@ -17,6 +17,7 @@ from core.refusal import is_refusal
 from serving.config import ServingConfig
 from serving.engines.brownout import TtftWindow
 from serving.pipeline.call import Call
+from serving.pipeline.cost import CostMeter
 from serving.pipeline.limits import RateLimiter
 from serving.pipeline.metrics import ServingMetrics
 from serving.state.store import ApiKey, RequestLogEntry, ServingStore
@@ -26,8 +27,11 @@ log = logging.getLogger("lifecycle.serving")
 
 
 class Recorder:
-    def __init__(self, cfg: ServingConfig, store: ServingStore, limiter: RateLimiter, metrics: ServingMetrics) -> None:
+    def __init__(
+        self, cfg: ServingConfig, store: ServingStore, limiter: RateLimiter, metrics: ServingMetrics, cost: CostMeter
+    ) -> None:
         self.cfg = cfg
+        self.cost = cost
         self.store = store
         self.limiter = limiter
         self.metrics = metrics
@@ -42,6 +46,7 @@ class Recorder:
         m.e2e.labels(ref).observe(e2e_ms / 1000)
         m.tokens.labels(ref, "prompt").inc(prompt_tokens)
         m.tokens.labels(ref, "completion").inc(call.completion_tokens)
+        cost_usd = self.cost.finish(ref, call.completion_tokens, call.busy_s)
         if ttft_ms is not None:
             m.ttft.labels(ref).observe(ttft_ms / 1000)
             self.ttft.setdefault(call.served.engine.key, TtftWindow(self.cfg.brownout.window_s)).add(ttft_ms)
@@ -92,6 +97,7 @@ class Recorder:
                     refusal=is_refusal(text) if call.status == "ok" else None,
                     context_turns=call.context_turns,
                     safety_classifier=call.safety_classifier,
+                    cost_usd=cost_usd,
                 )
             )
         except Exception:  # the response is already out; losing a log row must be loud, not fatal

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from core.errors import DataError, NotFoundError
 from core.redact import redact
 from serving.state.database import Database, utc_now
+from serving.state.retention import erase_log_texts
 from serving.state.schema import (
     Conversation,
     StoredMessage,
@@ -116,10 +117,13 @@ class ConversationStore(Database):
             return [_conversation(r) for r in conn.execute(query)]
 
     def delete_conversation(self, key_id: str, conv_id: str) -> None:
-        """Soft delete: hidden from get and list at once, erased by ``purge_deleted`` after the retention period."""
+        """Soft delete: hidden from get and list at once, erased by ``purge_deleted`` after the retention period.
+        Its texts in the request log (prompts, replies, errors, feedback) and the shadow log are erased at once, in
+        the same transaction; their numeric rows stay for billing (``serving.state.retention``)."""
         with self._write() as conn:
             _owned(conn, key_id, conv_id)
             conn.execute(sa.update(conversations_t).where(conversations_t.c.id == conv_id).values(deleted_at=utc_now()))
+            erase_log_texts(conn, sa.and_(log_t.c.conversation_id == conv_id, log_t.c.key_id == key_id))
 
     def purge_deleted(self, older_than: timedelta, now: datetime | None = None) -> int:
         """Erase conversations (and their messages) deleted more than ``older_than`` ago; returns how many."""

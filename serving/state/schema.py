@@ -135,6 +135,8 @@ usage_t = sa.Table(
     sa.Column("requests", sa.Integer, nullable=False),
     sa.Column("prompt_tokens", sa.Integer, nullable=False),
     sa.Column("completion_tokens", sa.Integer, nullable=False),
+    # added with cost accounting (serving.pipeline.cost): the requests' shares of their engines' busy time, priced
+    sa.Column("cost_usd", sa.Float, nullable=False, server_default=sa.text("0")),
 )
 
 log_t = sa.Table(
@@ -178,6 +180,8 @@ log_t = sa.Table(
     sa.Column("feedback_at", UtcDateTime),
     # added with the safety classifier: the version that judged the prompt (serving.safety.harm_filter)
     sa.Column("safety_classifier", sa.String(200)),
+    # added with cost accounting: this request's share of its engine's busy time, priced (serving.pipeline.cost)
+    sa.Column("cost_usd", sa.Float),
     sa.Index("ix_request_log_version_at", "model_version", "at"),
     sa.Index("ix_request_log_feedback_at", "feedback_at"),
 )
@@ -275,6 +279,7 @@ class UsageRow:
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    cost_usd: float = 0.0  # the requests' shares of their engines' busy time, priced (serving.pipeline.cost)
 
 
 @dataclass(frozen=True)
@@ -288,7 +293,8 @@ class RequestLogEntry:
     ``assigned_version`` is the version the routing chose before any availability fallback: the traffic split's
     champion or canary for the served name (the canary's on ``canary-unavailable``, the champion's or canary's on
     ``fallback``), the named version otherwise; None on rows written before it existed. ``refusal``: the reply
-    opens as a refusal (``core.refusal``), set on completed answers (status ok) only.
+    opens as a refusal (``core.refusal``), set on completed answers (status ok) only. ``cost_usd``: the request's
+    share of its engine's busy time, priced (``serving.pipeline.cost``).
     """
 
     request_id: str
@@ -322,6 +328,7 @@ class RequestLogEntry:
     feedback_comment: str | None = None
     feedback_at: datetime | None = None
     safety_classifier: str | None = None
+    cost_usd: float | None = None  # None: before cost accounting, or never reached an engine's accounting
 
 
 @dataclass(frozen=True)

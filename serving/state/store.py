@@ -19,13 +19,16 @@ the key that asked only (``serving.state.ratings``); curation reads it across ke
 
 Privacy: ``log_request`` redacts prompts and replies (``core.redact``) before writing, so the request log
 that monitoring and training read never holds an email, phone or card number. Conversation history is kept as
-written, because continuing a conversation needs it; deleting one hides it at once and ``purge_deleted`` erases it
-after the retention period.
+written, because continuing a conversation needs it; deleting one hides it at once, erases its texts from the
+request log, its feedback and the shadow log at once (numbers stay, for billing), and ``purge_deleted`` erases the
+conversation after the retention period. The log texts of every request are erased after
+``serving.log_text_retention_days`` by the scheduled log-retention flow (``serving.state.retention``).
 
 The parts, one module each, joined here by ``ServingStore``: the connection and its transactions
 (``serving.state.database``, migrations in ``serving.state.migrations``), keys (``serving.state.keys``),
 conversations (``serving.state.conversations``), usage and the request log (``serving.state.usage``), ratings
-(``serving.state.ratings``) and the shadow log (``serving.state.shadow_log``).
+(``serving.state.ratings``), the shadow log (``serving.state.shadow_log``) and the retention of log texts
+(``serving.state.retention``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from serving.state.conversations import ROLES, ConversationStore, new_conversati
 from serving.state.database import SQLITE_BUSY_TIMEOUT_MS
 from serving.state.keys import KeyStore
 from serving.state.ratings import RatingStore
+from serving.state.retention import LogRetention
 from serving.state.schema import (
     ApiKey,
     Conversation,
@@ -83,6 +87,6 @@ __all__ = [
 ]
 
 
-class ServingStore(KeyStore, ConversationStore, UsageLog, RatingStore, ShadowLogStore):
+class ServingStore(KeyStore, ConversationStore, UsageLog, RatingStore, ShadowLogStore, LogRetention):
     """Keys, conversations, usage, the request log, ratings and the shadow log on one SQLAlchemy engine (see the
     module docstring)."""

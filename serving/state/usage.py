@@ -22,7 +22,13 @@ class UsageLog(Database):
     """The ``usage_daily`` and ``request_log`` tables."""
 
     def record_usage(
-        self, key_id: str, model: str, prompt_tokens: int, completion_tokens: int, at: datetime | None = None
+        self,
+        key_id: str,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        at: datetime | None = None,
+        cost_usd: float = 0.0,
     ) -> None:
         """Add one request to the key's (model, UTC day) totals.
 
@@ -30,7 +36,7 @@ class UsageLog(Database):
         INSERT. Two first requests of a day racing to insert collide on the primary key; the loser retries and
         takes the UPDATE path. On SQLite the write transaction is IMMEDIATE, so the race cannot even happen.
         """
-        self._usage_and_log(key_id, model, prompt_tokens, completion_tokens, at, None)
+        self._usage_and_log(key_id, model, prompt_tokens, completion_tokens, cost_usd, at, None)
 
     def log_answer(self, entry: RequestLogEntry) -> RequestLogEntry:
         """``record_usage`` (on the entry's key, version and tokens) and ``log_request`` in one transaction: a
@@ -38,7 +44,13 @@ class UsageLog(Database):
         if entry.key_id is None or entry.model_version is None:
             raise DataError(f"an answer's usage needs its key and version ({entry.request_id})")
         stored = self._usage_and_log(
-            entry.key_id, entry.model_version, entry.prompt_tokens, entry.completion_tokens, entry.at, entry
+            entry.key_id,
+            entry.model_version,
+            entry.prompt_tokens,
+            entry.completion_tokens,
+            entry.cost_usd or 0.0,
+            entry.at,
+            entry,
         )
         assert stored is not None
         return stored
@@ -49,11 +61,12 @@ class UsageLog(Database):
         model: str,
         prompt_tokens: int,
         completion_tokens: int,
+        cost_usd: float,
         at: datetime | None,
         entry: RequestLogEntry | None,
     ) -> RequestLogEntry | None:
-        if prompt_tokens < 0 or completion_tokens < 0:
-            raise DataError(f"token counts must be >= 0 ({prompt_tokens}, {completion_tokens})")
+        if prompt_tokens < 0 or completion_tokens < 0 or cost_usd < 0:
+            raise DataError(f"token counts and cost must be >= 0 ({prompt_tokens}, {completion_tokens}, {cost_usd})")
         day = to_utc(at or utc_now()).date()
         c = usage_t.c
         row = sa.and_(c.key_id == key_id, c.model == model, c.day == day)
@@ -61,13 +74,19 @@ class UsageLog(Database):
             "requests": c.requests + 1,
             "prompt_tokens": c.prompt_tokens + prompt_tokens,
             "completion_tokens": c.completion_tokens + completion_tokens,
+            "cost_usd": c.cost_usd + cost_usd,
         }
         stored = _redacted(entry) if entry is not None else None
         for attempt in range(3):
             try:
                 with self._write() as conn:
                     if conn.execute(sa.update(usage_t).where(row).values(bump)).rowcount == 0:
-                        first = {"requests": 1, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+                        first = {
+                            "requests": 1,
+                            "prompt_tokens": prompt_tokens,
+                            "completion_tokens": completion_tokens,
+                            "cost_usd": cost_usd,
+                        }
                         conn.execute(sa.insert(usage_t).values(key_id=key_id, model=model, day=day, **first))
                     if stored is not None:
                         conn.execute(sa.insert(log_t).values({f: getattr(stored, f) for f in _LOG_FIELDS}))
@@ -80,7 +99,8 @@ class UsageLog(Database):
     def usage(self, key_id: str, start: date | None = None, end: date | None = None) -> list[UsageRow]:
         """Daily totals per model for one key, ``start`` and ``end`` inclusive (UTC days), oldest first."""
         c = usage_t.c
-        query = sa.select(c.day, c.model, c.requests, c.prompt_tokens, c.completion_tokens).where(c.key_id == key_id)
+        query = sa.select(c.day, c.model, c.requests, c.prompt_tokens, c.completion_tokens, c.cost_usd)
+        query = query.where(c.key_id == key_id)
         if start is not None:
             query = query.where(c.day >= start)
         if end is not None:

@@ -80,6 +80,11 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str
     x_model_version: str | None = None
+    # our extensions (x_), like x_model_version: the engine's context window in tokens (None: not loaded), the
+    # hardware an engine replica is priced as and its price per replica-hour (serving.cost)
+    x_context_window: int | None = None
+    x_hardware: str | None = None
+    x_price_usd_per_replica_hour: float | None = None
 
 
 class ModelList(BaseModel):
@@ -122,6 +127,11 @@ class UsageDay(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cost_usd: float = Field(
+        0.0,
+        description="The requests' shares of their engines' busy time, priced per replica-hour (serving.cost); "
+        "summed per key, model and day.",
+    )
 
 
 class UsageList(BaseModel):

@@ -122,13 +122,14 @@ def test_schedule_serves_the_deployments_and_prefect_runs_them(home: Path) -> No
         api = prefect + "/api"
         deadline = time.monotonic() + 120
         names: set[str] = set()
-        while time.monotonic() < deadline and len(names) < 4:
+        while time.monotonic() < deadline and len(names) < 5:
             deps: list[dict[str, Any]] = httpx.post(api + "/deployments/filter", json={}, timeout=10).json()
             names = {d["name"] for d in deps}
             time.sleep(1)
-        assert names == {"rollout-controller", "monitor", "champion-eval", "retrain-check"}
+        assert names == {"rollout-controller", "monitor", "champion-eval", "retrain-check", "log-retention"}
         by_name = {d["name"]: d for d in deps}
         assert by_name["champion-eval"]["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
+        assert by_name["log-retention"]["schedules"][0]["schedule"]["cron"] == "30 1 * * *"
         assert by_name["rollout-controller"]["schedules"][0]["schedule"]["interval"] == 5.0
         # Prefect's scheduler runs the controller on its own, in a subprocess of `lifecycle schedule`
         controller = by_name["rollout-controller"]["id"]

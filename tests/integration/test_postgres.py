@@ -192,6 +192,17 @@ def test_text_with_nul_characters_is_stored_on_postgres(postgres: PostgresCluste
         assert_stores_nul_text(store)
 
 
+def test_deleting_a_conversation_and_the_retention_period_erase_log_texts_on_postgres(
+    postgres: PostgresCluster,
+) -> None:
+    from support.helpers import assert_erases_log_texts
+
+    from serving.state.store import ServingStore
+
+    with ServingStore(postgres.create_database("serving_erasure")) as store:
+        assert_erases_log_texts(store)
+
+
 # columns added to the serving schema after its first release; a database from then lacks them
 ADDED_LATER = {
     "request_log": [
@@ -202,8 +213,10 @@ ADDED_LATER = {
         "feedback_better",
         "feedback_comment",
         "feedback_at",
+        "cost_usd",
     ],
     "api_keys": ["training_opt_in"],
+    "usage_daily": ["cost_usd"],
 }
 
 
@@ -219,6 +232,7 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
     with ServingStore(url) as store:
         old_key, secret = store.create_key("from-before")
         store.log_request(_entry(datetime.now(UTC), "chat/1"))
+        store.record_usage(old_key.id, "chat/1", 3, 4)
     with postgres.connect("serving_upgrade") as conn:  # make it the database an older version created
         for table, columns in ADDED_LATER.items():
             for column in columns:
@@ -228,6 +242,7 @@ def test_an_older_serving_database_is_upgraded_in_place_once(
     with caplog.at_level(logging.INFO, logger="lifecycle.serving"), ServingStore(url) as store:
         assert store.authenticate(secret) == old_key  # the old key reads back, opted out by the server default
         assert store.request_log()[0].assigned_version is None
+        assert store.usage(old_key.id)[0].cost_usd == 0.0  # older usage rows cost nothing (the server default)
         store.log_request(_entry(datetime.now(UTC), "chat/2", assigned_version="chat/2", refusal=False))
     [upgraded] = [r.getMessage() for r in caplog.records if "upgraded" in r.getMessage()]
     for table, columns in ADDED_LATER.items():

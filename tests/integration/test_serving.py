@@ -50,9 +50,17 @@ def _sse(resp: httpx.Response) -> list[Any]:
 
 
 def test_models_lists_served_name_aliases_and_versions(gateway: Gateway) -> None:
-    ids = [m.id for m in gateway.client().models.list()]
+    models = gateway.client().models.list().data
+    ids = [m.id for m in models]
     assert ids[0] == "chat"
     assert {"chat@champion", "chat@previous-champion", "chat/1", "chat/3"} <= set(ids)
+    # our extensions, as the official client hands them through: the real engine's window and the configured price
+    cost = gateway.config.serving.cost
+    extra = [m.model_extra or {} for m in models]
+    assert {(e["x_hardware"], e["x_price_usd_per_replica_hour"]) for e in extra} == {
+        (cost.hardware, cost.price_usd_per_replica_hour)
+    }
+    assert extra[0]["x_context_window"] == 256  # the tiny model's max_position_embeddings (engine.max_model_len null)
 
 
 def test_non_streaming_completion_carries_version_and_usage(gateway: Gateway) -> None:
@@ -168,13 +176,15 @@ def test_usage_counts_tokens_per_key_model_and_day(gateway: Gateway) -> None:
 
     def row(rows: list[Any]) -> dict[str, Any]:
         return next(
-            (r for r in rows if r["model"] == "chat/2"), {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0}
+            (r for r in rows if r["model"] == "chat/2"),
+            {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0},
         )
 
     assert row(after)["requests"] == row(before)["requests"] + 1
     assert row(after)["prompt_tokens"] - row(before)["prompt_tokens"] == resp.usage.prompt_tokens  # type: ignore[union-attr]
     assert row(after)["completion_tokens"] - row(before)["completion_tokens"] == resp.usage.completion_tokens  # type: ignore[union-attr]
     assert row(after)["date"] == time.strftime("%Y-%m-%d", time.gmtime())
+    assert row(after)["cost_usd"] > row(before)["cost_usd"]  # the answer's share of its engine's busy time, priced
 
 
 # --- errors ---------------------------------------------------------------------------------------------------
@@ -384,6 +394,9 @@ def test_readyz_healthz_and_metrics(gateway: Gateway) -> None:
         "lifecycle_queue_depth",
         "lifecycle_safety_hits_total",
         "lifecycle_errors_total",
+        "lifecycle_engine_busy_seconds_total",
+        "lifecycle_price_usd_per_replica_hour",
+        "lifecycle_cost_usd_per_million_tokens",
     ):
         assert name in metrics, name
     assert 'model_version="chat/1"' in metrics

@@ -195,3 +195,70 @@ def assert_stores_nul_text(store: Any) -> None:
     assert (got.model, got.system, got.messages[0]["content"]) == ("chat\ufffd", "be\ufffdbrief", "a\ufffdb")
     (row,) = [r for r in store.request_log() if r.request_id == "req_nul"]
     assert (row.model, row.prompt_text, row.response_text, row.error) == ("chat\ufffd", "p\ufffd", "r\ufffd", "e\ufffd")
+
+
+def assert_erases_log_texts(store: Any) -> None:
+    """A ``ServingStore`` (SQLite or PostgreSQL): deleting a conversation erases its texts from the request log,
+    its feedback and the shadow log at once, and only its own; the retention pass erases the texts of rows older
+    than the period; the numbers (usage, cost, tokens, ratings, shadow comparisons) stay."""
+    from dataclasses import replace
+    from datetime import UTC, datetime, timedelta
+
+    from serving.state.store import RequestLogEntry, ShadowLogEntry
+
+    now = datetime.now(UTC)
+    key, _ = store.create_key("erasure")
+    gone, kept = (store.create_conversation(key.id, "chat") for _ in range(2))
+    row = RequestLogEntry(
+        request_id="req_gone",
+        at=now,
+        key_id=key.id,
+        model="chat",
+        model_version="chat/1",
+        status="ok",
+        http_status=200,
+        prompt_tokens=7,
+        completion_tokens=5,
+        conversation_id=gone.id,
+        prompt_text="my secret plan",
+        response_text="a reply quoting it",
+        error="an error quoting it",
+        cost_usd=0.25,
+    )
+    store.log_answer(row)
+    store.log_answer(replace(row, request_id="req_kept", conversation_id=kept.id))
+    store.log_answer(replace(row, request_id="req_old", conversation_id=None, at=now - timedelta(days=40)))
+    store.record_feedback(key.id, "req_gone", -1, "a better answer", "a comment")
+    shadow = ShadowLogEntry(
+        request_id="req_gone",
+        at=now,
+        primary_version="chat/1",
+        shadow_version="chat/2",
+        status="error",
+        error="it said: my secret plan",
+    )
+    store.log_shadow(shadow)
+    store.log_shadow(replace(shadow, request_id="req_kept"))
+
+    store.delete_conversation(key.id, gone.id)
+    by_id = {r.request_id: r for r in store.request_log()}
+    texts = ("prompt_text", "response_text", "error", "feedback_better", "feedback_comment")
+    assert [getattr(by_id["req_gone"], t) for t in texts] == [None] * 5
+    assert (by_id["req_gone"].completion_tokens, by_id["req_gone"].cost_usd, by_id["req_gone"].feedback_rating) == (
+        5,
+        0.25,
+        -1,
+    )
+    assert by_id["req_kept"].prompt_text == "my secret plan"
+    assert {s.request_id: s.error for s in store.shadow_log()} == {"req_gone": None, "req_kept": shadow.error}
+    (usage,) = store.usage(key.id, start=now.date())
+    assert (usage.requests, usage.completion_tokens, usage.cost_usd) == (2, 10, 0.5)  # billing is untouched
+
+    assert store.erase_old_log_texts(timedelta(days=30)) == (1, 0)
+    assert store.erase_old_log_texts(timedelta(days=30)) == (0, 0)  # idempotent
+    by_id = {r.request_id: r for r in store.request_log()}
+    assert (by_id["req_old"].prompt_text, by_id["req_old"].completion_tokens) == (None, 5)
+    assert by_id["req_kept"].prompt_text == "my secret plan"  # inside the period
+    assert store.erase_old_log_texts(timedelta(0), now=now + timedelta(seconds=1)) == (1, 1)
+    assert all(r.prompt_text is None for r in store.request_log()) and len(store.request_log()) == 3
+    assert [s.error for s in store.shadow_log()] == [None, None]

@@ -55,7 +55,13 @@ def test_the_reschedule_follows_only_a_crash_the_crash_automation_made() -> None
 def test_pool_deployments_run_one_at_a_time_and_send_heartbeats(tmp_path: Path) -> None:
     c = cfg("schedule.heartbeat_s=45", "schedule.crash_after_s=120")
     deps = deployments(c, Home(tmp_path), pool="lifecycle")
-    assert [d.name for d in deps] == ["rollout-controller", "monitor", "champion-eval", "retrain-check"]
+    assert [d.name for d in deps] == [
+        "rollout-controller",
+        "monitor",
+        "champion-eval",
+        "retrain-check",
+        "log-retention",
+    ]
     for d in deps:
         assert d.work_pool_name == "lifecycle" and TAG in d.tags
         assert d.concurrency_limit == 1

@@ -28,6 +28,8 @@ class Row:
     refusal: bool | None = False
     finish_reason: str | None = "stop"
     feedback_rating: int | None = None  # not rated
+    completion_tokens: int = 20
+    cost_usd: float | None = None  # not costed
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ def window(
     ttft_shift: float = 0.0,
     latencies: int | None = None,
     seed: int = 0,
+    usd_per_token: float | None = None,
 ) -> VersionStats:
     """A window of ``n`` requests; latencies (one per ok answer unless ``latencies``) drawn from one distribution
     (TTFT ~ 150 ms + lognormal, TPOT ~ 20 ms + noise), shifted by ``ttft_shift``."""
@@ -40,6 +41,9 @@ def window(
     answered = n - rerouted
     completed = answered - (errors - rerouted) - aborted
     k = completed - post if latencies is None else latencies
+    tokens = rng.integers(5, 200, k).astype(np.float64) if usd_per_token is not None else np.zeros(0)
+    # each answer's cost: its tokens at the version's rate, +-30% (its share of a busy engine varies with the load)
+    cost = tokens * usd_per_token * rng.uniform(0.7, 1.3, tokens.size) if usd_per_token is not None else tokens
     return VersionStats(
         version=version,
         n=n,
@@ -52,6 +56,8 @@ def window(
         refusals=round(refusal_rate * completed),
         ttft_ms=150 + ttft_shift + rng.lognormal(4, 0.5, k),
         tpot_ms=20 + rng.normal(0, 2, k),
+        cost_usd=cost,
+        cost_tokens=tokens,
     )
 
 
@@ -144,6 +150,35 @@ def test_watch_is_the_canary_analysis_under_its_own_name() -> None:
     assert metrics["watch.ttft_p99_ms"] > metrics["baseline.ttft_p99_ms"] + 200
 
 
+COSTED = window(CHAMPION, 2000, errors=4, seed=1, usd_per_token=2e-7)
+
+
+@pytest.mark.parametrize(
+    ("rate", "outcome", "why"),
+    [
+        (2e-7, "pass", "within"),
+        (3.6e-7, "pass", "within"),  # 1.8x: inside the default tolerance (up to 2x)
+        (6e-7, "fail", "costs more per token beyond the allowed ratio"),  # 3x
+        (None, "pass", "too few costed answers to judge: canary 0 < 30"),  # rows from before cost accounting
+    ],
+)
+def test_a_canary_costing_more_per_token_than_the_policy_allows_fails(
+    rate: float | None, outcome: str, why: str
+) -> None:
+    verdict = analyze_canary(COSTED, window(CANARY, 400, seed=2, usd_per_token=rate), POLICY)
+    (check,) = [c for c in verdict.checks if c.name == "cost_ratio"]
+    assert check.outcome == outcome and why in check.reason and check.threshold == 2.0
+    assert verdict.outcome == outcome and (set(verdict.failing) == ({"cost_ratio"} if outcome == "fail" else set()))
+    if rate is not None:
+        assert check.candidate == pytest.approx(rate / 2e-7, rel=0.1) and "USD per 1M tokens" in check.reason
+
+
+def test_a_stricter_cost_policy_fails_a_smaller_increase() -> None:
+    strict = RolloutPolicy(thresholds=RolloutThresholds(cost_ratio_tolerance=0.2))
+    verdict = analyze_canary(COSTED, window(CANARY, 400, seed=2, usd_per_token=3.6e-7), strict)
+    assert verdict.failing == ("cost_ratio",)
+
+
 def test_verdict_metrics_and_json() -> None:
     verdict = analyze_canary(BASE, window(CANARY, 400, seed=2), POLICY)
     metrics = verdict.metrics()
@@ -151,7 +186,7 @@ def test_verdict_metrics_and_json() -> None:
         metrics
     )
     doc = json.loads(json.dumps(verdict.to_json()))
-    assert doc["outcome"] == "pass" and len(doc["checks"]) == len(verdict.checks) == 10
+    assert doc["outcome"] == "pass" and len(doc["checks"]) == len(verdict.checks) == 11
     assert {c["name"]: c["higher_is_better"] for c in doc["checks"]}["success_rate"] is True
 
 

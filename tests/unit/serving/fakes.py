@@ -28,6 +28,16 @@ from serving.engines.engine import Adapter, Delta, EngineDead, EngineState, Gene
 # ------------------------------------------------------------------------------------------------------ tokenizer
 
 
+class Clock:
+    """A monotonic clock the test moves by hand (``clock.now += 2``)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class FakeTokenizer:
     """A reversible word-level tokenizer with a toy chat template.
 

@@ -292,6 +292,12 @@ async def test_models_lists_served_name_aliases_and_versions(make_harness: MakeH
     assert data[1]["x_model_version"] == "chat/2"
     assert data[2]["x_model_version"] == "chat/1"
     assert all(m["object"] == "model" and m["owned_by"] == "chat-lifecycle" for m in data)
+    # our extensions: the engine's context window and the configured price of a replica-hour (serving.cost)
+    assert [m["x_context_window"] for m in data] == [512, 512, 512, 512, 512, 512]
+    price = h.runtime.gateway.cfg.cost
+    assert {(m["x_hardware"], m["x_price_usd_per_replica_hour"]) for m in data} == {
+        (price.hardware, price.price_usd_per_replica_hour)
+    }
     assert_openai_error(await h.request("GET", "/v1/models", secret="lc-wrong"), 401, "invalid_api_key")
 
 
@@ -345,6 +351,15 @@ async def test_metrics_count_requests_and_engines(make_harness: MakeHarness) -> 
     assert 'lifecycle_requests_total{model_version="chat/2",route="primary",status="ok"} 1.0' in text
     assert f'lifecycle_engine_up{{engine="{engine_label(PRIMARY_KEY)}"}} 1.0' in text
     assert 'lifecycle_tokens_total{kind="completion",model_version="chat/2"} 3.0' in text
+    # cost: busy seconds, the price and the cost per 1M tokens per version (the names Prometheus rules read)
+    price = h.runtime.gateway.cfg.cost
+    sample = h.runtime.gateway.metrics.registry.get_sample_value
+    busy = sample("lifecycle_engine_busy_seconds_total", {"model_version": "chat/2"})
+    assert busy is not None and busy > 0
+    labels = {"model_version": "chat/2", "hardware": price.hardware}
+    assert sample("lifecycle_price_usd_per_replica_hour", labels) == price.price_usd_per_replica_hour
+    per_million = sample("lifecycle_cost_usd_per_million_tokens", {"model_version": "chat/2"})
+    assert per_million == pytest.approx(busy / 3600 * price.price_usd_per_replica_hour / 3 * 1e6)
 
 
 async def test_error_metric_counts_a_refused_request_once(make_harness: MakeHarness) -> None:
@@ -381,6 +396,10 @@ async def test_conversation_routes_are_per_tenant(make_harness: MakeHarness) -> 
     deleted = await h.request("DELETE", f"/v1/conversations/{first}")
     assert deleted.json() == {"id": first, "object": "conversation.deleted", "deleted": True}
     assert_openai_error(await h.request("GET", f"/v1/conversations/{first}"), 404, "conversation_not_found")
+    # its texts left the request log at once; the other conversation's stay, and every row keeps its numbers
+    logged = {r.conversation_id: r for r in h.runtime.gateway.store.request_log()}
+    assert (logged[first].prompt_text, logged[first].response_text, logged[first].completion_tokens) == (None, None, 3)
+    assert logged[second].prompt_text == "second question"
 
 
 @pytest.mark.parametrize(("query", "status", "param"), [("limit=0", 400, "limit"), ("limit=abc", 422, "limit")])
@@ -407,6 +426,13 @@ async def test_usage_route(make_harness: MakeHarness) -> None:
         ("chat/4", 1, prompt, 3),
     ]
     assert rows[0]["total_tokens"] == prompt + 3
+    # each answer costs its share of its version's busy engine time, priced: usage adds up to /metrics
+    price = h.runtime.gateway.cfg.cost.price_usd_per_replica_hour
+    for row in rows:
+        busy = h.runtime.gateway.metrics.registry.get_sample_value(
+            "lifecycle_engine_busy_seconds_total", {"model_version": row["model"]}
+        )
+        assert row["cost_usd"] > 0 and row["cost_usd"] == pytest.approx(busy / 3600 * price)
     assert (await h.request("GET", "/v1/usage", secret=h.other_secret)).json()["data"] == []
     assert (await h.request("GET", "/v1/usage?start=2000-01-01&end=2000-01-02")).json()["data"] == []
     r = await h.request("GET", "/v1/usage?start=yesterday")

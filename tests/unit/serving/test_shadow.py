@@ -6,18 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from unit.serving.fakes import Clock
 
 from core.embedding import MiniLmEmbedder
 from serving.config import FaultConfig, ServingConfig
 from serving.pipeline.shadow import ShadowBudget, cosine
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_budget_limits_concurrency_without_waiting() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+from support.helpers import assert_erases_log_texts
 
 from core.errors import ConfigError, DataError, NotFoundError
 from serving.state.store import RequestLogEntry, ServingStore, ShadowLogEntry, UsageRow, new_conversation_id
@@ -197,6 +198,21 @@ def test_usage_accumulates_per_utc_day_and_model(store: ServingStore) -> None:
         store.record_usage("key_a", "chat/3", 1, 1, at=datetime(2026, 3, 1))
 
 
+def test_usage_and_the_request_log_carry_each_answers_cost(store: ServingStore) -> None:
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    store.log_answer(entry(at=at, cost_usd=0.125))
+    store.log_answer(entry(request_id="chatcmpl-2", at=at, cost_usd=0.25))
+    store.log_answer(entry(request_id="chatcmpl-3", at=at, cost_usd=None))  # never reached an engine's accounting
+    assert store.usage("key_a") == [UsageRow(date(2026, 3, 1), "chat/3", 3, 36, 12, 0.375)]
+    assert [e.cost_usd for e in store.request_log()] == [0.125, 0.25, None]
+    with pytest.raises(DataError, match="cost"):
+        store.record_usage("key_a", "chat/3", 1, 1, at=at, cost_usd=-1.0)
+
+
+def test_deleting_a_conversation_and_the_retention_period_erase_log_texts_only(store: ServingStore) -> None:
+    assert_erases_log_texts(store)
+
+
 def test_concurrent_usage_records_add_up_exactly(store: ServingStore) -> None:
     threads, per_thread = 8, 25
     start = threading.Barrier(threads)
@@ -362,12 +378,19 @@ CREATE TABLE request_log (
     pre_filter VARCHAR(200), post_filter VARCHAR(200), conversation_id VARCHAR(40), prompt_text TEXT,
     response_text TEXT, finish_reason VARCHAR(40), error TEXT, redactions INTEGER NOT NULL
 )"""
+OLD_USAGE = """
+CREATE TABLE usage_daily (
+    key_id VARCHAR(64) NOT NULL, model VARCHAR(200) NOT NULL, day DATE NOT NULL, requests INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, PRIMARY KEY (key_id, model, day)
+)"""
 
 
 def test_a_database_of_the_old_schema_gets_the_new_columns_on_open(db_path: Path) -> None:
     db_path.parent.mkdir(parents=True)
     with sqlite3.connect(db_path) as conn:  # what a gateway of the previous release left behind
         conn.execute(OLD_REQUEST_LOG)
+        conn.execute(OLD_USAGE)
+        conn.execute("INSERT INTO usage_daily VALUES ('key_a', 'chat/2', '2026-11-20', 1, 5, 3)")
         conn.execute(
             "INSERT INTO request_log (request_id, at, model, model_version, route, status, http_status, "
             "prompt_tokens, completion_tokens, stream, redactions) "
@@ -376,7 +399,9 @@ def test_a_database_of_the_old_schema_gets_the_new_columns_on_open(db_path: Path
     for _ in range(2):  # idempotent: the second open finds nothing to add
         with ServingStore(f"sqlite:///{db_path}") as store:
             columns = [row[1] for row in raw(db_path, "PRAGMA table_info(request_log)")]
-            assert {"assigned_version", "refusal"} <= set(columns)
+            assert {"assigned_version", "refusal", "cost_usd"} <= set(columns)
+            # the usage rows from before cost accounting read back as costing nothing (the column's server default)
+            assert store.usage("key_a") == [UsageRow(date(2026, 11, 20), "chat/2", 1, 5, 3, 0.0)]
             old = store.request_log()[0]
             assert (old.request_id, old.model_version, old.assigned_version, old.refusal) == (
                 "old",

@@ -135,6 +135,30 @@ class RolloutPolicy(StrictModel):
         return steps
 
 
+class WatchConfig(StrictModel):
+    """The champion watch (``lifecycle watch``): Alertmanager's webhook receiver. Every alert is recorded on the
+    champion; a severe one (``rollback_severities``) of a signal in ``rollback_signals`` about the champion, within
+    ``rollback_window_s`` of its promotion, rolls back to previous-champion."""
+
+    host: str = Field("127.0.0.1", description="Interface the webhook receiver binds.")
+    port: int = Field(9095, ge=0, le=65535, description="Port of the webhook receiver (0: any free port).")
+    rollback_window_s: float = Field(
+        3600, ge=0, description="How long after a promotion a severe breach rolls the champion back (seconds)."
+    )
+    rollback_severities: list[str] = Field(
+        default_factory=lambda: ["critical"], description="Alert severities (label severity) that roll back."
+    )
+    rollback_signals: list[str] = Field(
+        default_factory=lambda: ["slo", "safety"],
+        description="Alert signals (label signal) that roll back; others (availability, quality) go to a person.",
+    )
+    alertmanager_url: str | None = Field(
+        None,
+        description="Alertmanager's base URL (http://127.0.0.1:9093): the daily champion eval posts its drop "
+        "alert there; null: no alert is posted (the eval's tags still say regressed).",
+    )
+
+
 class MonitoringConfig(StrictModel):
     """The ``monitoring:`` section: prompt drift of the request log and the retrain trigger it feeds."""
 
@@ -144,4 +168,7 @@ class MonitoringConfig(StrictModel):
     )
     embeddings: bool = Field(
         True, description="Embed prompts with the bundled MiniLM for the embedding view (false: descriptors only)."
+    )
+    watch: WatchConfig = Field(
+        default_factory=WatchConfig, description="The champion watch: what Prometheus' alerts do (lifecycle watch)."
     )

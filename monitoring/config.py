@@ -152,6 +152,13 @@ class WatchConfig(StrictModel):
         default_factory=lambda: ["slo", "safety"],
         description="Alert signals (label signal) that roll back; others (availability, quality) go to a person.",
     )
+    eval_drop: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="The daily champion eval raises ChampionEvalDrop when a metric worsens by more than this "
+        "fraction of its previous daily value.",
+    )
     alertmanager_url: str | None = Field(
         None,
         description="Alertmanager's base URL (http://127.0.0.1:9093): the daily champion eval posts its drop "

@@ -9,6 +9,7 @@
 #   scripts/stack.sh env      # export lines for a shell that runs lifecycle commands against the stack
 #   scripts/stack.sh plan     # each compose service's native command (tests/unit/infra/test_stack_native.py
 #   scripts/stack.sh config   # compares it, and the config below, with infra/compose.yaml: they cannot drift)
+#   scripts/stack.sh monitoring  # write and print Prometheus' and Alertmanager's configs with the native addresses
 #
 #   eval "$(scripts/stack.sh env)"
 #   lifecycle run --config "$LIFECYCLE_CONFIG" --set evals.gate=configs/gates/default.yaml
@@ -391,5 +392,5 @@ env) env_lines ;;
 plan) plan ;;
 monitoring) write_monitoring && cat "$home/prometheus/prometheus.yml" "$home/alertmanager/alertmanager.yml" ;;
 config) config=/dev/stdout write_config ;;
-*) die "usage: scripts/stack.sh up|down|status|env|plan (see the header of $0)" ;;
+*) die "usage: scripts/stack.sh up|down|status|env|plan|config|monitoring (see the header of $0)" ;;
 esac

@@ -10,11 +10,14 @@ The decision itself is ``evals.gate.decide`` (pure); recording it is ``registry.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+import httpx
 
 from core.errors import NotFoundError
 from core.home import Home
@@ -28,10 +31,13 @@ from evals.runner import ModelTarget, UrlTarget, chat_model, run_eval
 from evals.sets import EvalSets, Suite, build_eval_sets
 from flows.config import LifecycleConfig
 from flows.stages import CANDIDATE, CHAMPION, open_registry
+from monitoring.alerts import EVAL_DROP, eval_drop_alert, eval_drops, post_alert
 from registry.gate import GateRecord, record_gate
 from registry.store import REF_PATTERN, ModelVersion
 from training.data.snapshot import load_snapshot
 from training.model.modelio import merge_adapter
+
+log = logging.getLogger("lifecycle.gating")
 
 
 @dataclass(frozen=True)
@@ -268,6 +274,7 @@ class ChampionCheck:
     decision: GateDecision  # the gate policy's floors on fresh numbers (no champion to compare)
     run_id: str
     markdown: str
+    drops: dict[str, float] = field(default_factory=dict)  # metric -> relative drop since the last daily eval
 
     @property
     def status(self) -> str:
@@ -295,6 +302,8 @@ def champion_eval_stage(cfg: LifecycleConfig, home: Home, *, actor: str, force: 
         artifacts={},
         tags={"lifecycle.kind": "champion-eval", "eval.model": mv.ref, "eval.status": status, "eval.actor": actor},
     )
+    values = {v.metric: v.value for v in decision.verdicts if v.value is not None}
+    drops = daily_drops(cfg, mv, values, {v.metric: v.higher_is_better for v in decision.verdicts})
     reg.set_tags(
         mv.name,
         mv.version,
@@ -303,6 +312,27 @@ def champion_eval_stage(cfg: LifecycleConfig, home: Home, *, actor: str, force: 
             "eval.daily.at": at,
             "eval.daily.failing": ",".join(decision.failing) or "-",
             "eval.daily.run_id": run_id,
+            "eval.daily.metrics": json.dumps(values, sort_keys=True)[:4900],
+            "eval.daily.drops": json.dumps(drops, sort_keys=True)[:4900],
         },
     )
-    return ChampionCheck(reg.get(mv.name, mv.version), decision, run_id, render_markdown(decision, report))
+    check = ChampionCheck(reg.get(mv.name, mv.version), decision, run_id, render_markdown(decision, report), drops)
+    return check
+
+
+def daily_drops(
+    cfg: LifecycleConfig, mv: ModelVersion, values: dict[str, float], directions: dict[str, bool | None]
+) -> dict[str, float]:
+    """The metrics that dropped beyond ``monitoring.watch.eval_drop`` since the champion's last daily eval; when
+    any did and Alertmanager is configured, a ChampionEvalDrop alert is posted there (monitoring/alerts.py says
+    why a post and not a scraped metric). A failed post is logged, never fatal: the tags still say it."""
+    watch = cfg.monitoring.watch
+    previous = json.loads(mv.tags.get("eval.daily.metrics") or "{}")
+    known = {k: d for k, d in directions.items() if d is not None}
+    drops = eval_drops(previous, values, known, watch.eval_drop)
+    if drops and watch.alertmanager_url:
+        try:
+            post_alert(watch.alertmanager_url, eval_drop_alert(mv.ref, drops, watch.eval_drop))
+        except httpx.HTTPError as exc:
+            log.warning("champion eval: could not post %s to %s: %s", EVAL_DROP, watch.alertmanager_url, exc)
+    return drops

@@ -63,7 +63,7 @@ class RolloutThresholds(StrictModel):
         description="Allowed increase of the cost per completion token over the baseline's, as a fraction of it "
         "(1.0: up to twice the baseline's). Lenient because cost per token depends on load: canary and champion "
         "adapters sharing a base engine share its busy time evenly, but a full-model canary on an engine of its own "
-        "at a small weight is less batched and costs more per token by load alone (docs/operations-cost.md).",
+        "at a small weight is less batched and costs more per token by load alone (docs/operations.md).",
     )
     shadow_min_similarity: float = Field(
         0.5, ge=-1, le=1, description="Floor on the mean embedding similarity of shadow and primary answers."
@@ -143,6 +143,37 @@ class RolloutPolicy(StrictModel):
         return steps
 
 
+class WatchConfig(StrictModel):
+    """The champion watch (``lifecycle watch``): Alertmanager's webhook receiver. Every alert is recorded on the
+    champion; a severe one (``rollback_severities``) of a signal in ``rollback_signals`` about the champion, within
+    ``rollback_window_s`` of its promotion, rolls back to previous-champion."""
+
+    host: str = Field("127.0.0.1", description="Interface the webhook receiver binds.")
+    port: int = Field(9095, ge=0, le=65535, description="Port of the webhook receiver (0: any free port).")
+    rollback_window_s: float = Field(
+        3600, ge=0, description="How long after a promotion a severe breach rolls the champion back (seconds)."
+    )
+    rollback_severities: list[str] = Field(
+        default_factory=lambda: ["critical"], description="Alert severities (label severity) that roll back."
+    )
+    rollback_signals: list[str] = Field(
+        default_factory=lambda: ["slo", "safety"],
+        description="Alert signals (label signal) that roll back; others (availability, quality) go to a person.",
+    )
+    eval_drop: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="The daily champion eval raises ChampionEvalDrop when a metric worsens by more than this "
+        "fraction of its previous daily value.",
+    )
+    alertmanager_url: str | None = Field(
+        None,
+        description="Alertmanager's base URL (http://127.0.0.1:9093): the daily champion eval posts its drop "
+        "alert there; null: no alert is posted (the eval's tags still say regressed).",
+    )
+
+
 class MonitoringConfig(StrictModel):
     """The ``monitoring:`` section: prompt drift of the request log and the retrain trigger it feeds."""
 
@@ -152,4 +183,7 @@ class MonitoringConfig(StrictModel):
     )
     embeddings: bool = Field(
         True, description="Embed prompts with the bundled MiniLM for the embedding view (false: descriptors only)."
+    )
+    watch: WatchConfig = Field(
+        default_factory=WatchConfig, description="The champion watch: what Prometheus' alerts do (lifecycle watch)."
     )

@@ -104,7 +104,8 @@ class Decision:
     at: str
     model: str
     version: str
-    action: str  # start | hold | advance | promote | rollback | finish | reject | revert | abort | promote-first
+    # start | hold | advance | promote | rollback | finish | reject | revert | abort | promote-first | alert (watch)
+    action: str
     phase: str | None
     weight: int
     reason: str

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The production stack of infra/compose.yaml as native processes on one machine, without Docker: Debian's
-# PostgreSQL and Redis, MLflow, the Prefect server and workers and the gateway from the project's .venv, on the
+# PostgreSQL, Redis, HAProxy, Prometheus and Alertmanager, MLflow, the Prefect server and workers and the gateway from the project's .venv, on the
 # same ports and with the same settings, bound to 127.0.0.1.
 #
 #   scripts/stack.sh up       # start what is not running, wait until healthy, register the schedules on the pool
@@ -9,6 +9,7 @@
 #   scripts/stack.sh env      # export lines for a shell that runs lifecycle commands against the stack
 #   scripts/stack.sh plan     # each compose service's native command (tests/unit/infra/test_stack_native.py
 #   scripts/stack.sh config   # compares it, and the config below, with infra/compose.yaml: they cannot drift)
+#   scripts/stack.sh monitoring  # write and print Prometheus' and Alertmanager's configs with the native addresses
 #
 #   eval "$(scripts/stack.sh env)"
 #   lifecycle run --config "$LIFECYCLE_CONFIG" --set evals.gate=configs/gates/default.yaml
@@ -17,9 +18,10 @@
 # lifecycle homes), STACK_WORKERS (1), STACK_POSTGRES_PORT (5432), STACK_REDIS_PORT (6379), STACK_MLFLOW_PORT
 # (5000), STACK_PREFECT_PORT (4200), GATEWAY_PORT (3000: HAProxy, the clients' address), STACK_GATEWAY_REPLICA_PORT
 # (3001: gateway replica N listens on 3001+N-1), STACK_WORKER_HEALTH_PORT (8080: worker N answers on
-# 8080+N-1), STACK_BASE_CONFIG (configs/production.yaml). Secrets: infra/.env when it exists (the file compose
+# 8080+N-1), STACK_PROMETHEUS_PORT (9090), STACK_ALERTMANAGER_PORT (9093), STACK_WATCH_PORT (9095: the champion
+# watch), STACK_BASE_CONFIG (configs/production.yaml). Secrets: infra/.env when it exists (the file compose
 # reads); any left empty are generated once into $STACK_HOME/secrets.env (mode 600) and reused.
-# Needs Debian's postgresql, redis-server and haproxy (scripts/install-services.sh) and .venv (scripts/setup-env.sh).
+# Needs Debian's postgresql, redis-server, haproxy, prometheus and prometheus-alertmanager (scripts/install-services.sh) and .venv (scripts/setup-env.sh).
 # docs/production.md maps each compose service to its process here.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,6 +36,9 @@ gateway_port=${GATEWAY_PORT:-3000}
 replica_port=${STACK_GATEWAY_REPLICA_PORT:-3001}
 gateways=2 # compose: the gateway's deploy.replicas (infra/haproxy/haproxy.cfg has a server line for each)
 worker_health=${STACK_WORKER_HEALTH_PORT:-8080}
+prom_port=${STACK_PROMETHEUS_PORT:-9090}
+am_port=${STACK_ALERTMANAGER_PORT:-9093}
+watch_port=${STACK_WATCH_PORT:-9095}
 base_config=${STACK_BASE_CONFIG:-$repo/configs/production.yaml}
 pool=lifecycle # compose: prefect worker start --pool lifecycle
 host=127.0.0.1
@@ -84,6 +89,13 @@ gateway_cmd() { # N: each replica needs a port of its own here (in compose each 
   echo "$venv/bin/lifecycle" serve --config "$config" --port $((replica_port + $1 - 1))
 }
 lb_cmd=(haproxy -W -db -f "$repo/infra/haproxy/haproxy.cfg")
+# --- monitoring (compose: prometheus, alertmanager, champion-watch; docs/operations.md): the files of infra/ with
+# the native addresses, written by write_monitoring
+prometheus_cmd=(prometheus "--config.file=$home/prometheus/prometheus.yml" "--storage.tsdb.path=$home/prometheus/data"
+  "--web.listen-address=$host:$prom_port")
+alertmanager_cmd=(prometheus-alertmanager "--config.file=$home/alertmanager/alertmanager.yml"
+  "--storage.path=$home/alertmanager/data" "--web.listen-address=$host:$am_port" --cluster.listen-address=)
+watch_cmd=("$venv/bin/lifecycle" watch --config "$config")
 
 # environments (names listed by `plan`; values never printed)
 mlflow_env() { echo PGPASSWORD="$MLFLOW_DB_PASSWORD" MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false; }
@@ -100,6 +112,7 @@ worker_env() { # N
     PREFECT_WORKER_WEBSERVER_HOST=$host PREFECT_WORKER_WEBSERVER_PORT=$((worker_health + $1 - 1))
 }
 schedule_env() { echo PREFECT_API_URL="http://$host:$prefect_port/api" PGPASSWORD="$SERVING_DB_PASSWORD" LIFECYCLE_HOME="$home/home"; }
+watch_env() { echo PGPASSWORD="$SERVING_DB_PASSWORD" LIFECYCLE_HOME="$home/home"; }
 gateway_env() { echo PGPASSWORD="$SERVING_DB_PASSWORD" LIFECYCLE_HOME="$home/gateway-home"; }
 lb_env() { echo LB_BIND=$host:"$gateway_port" GATEWAY_1=$host:"$replica_port" GATEWAY_2=$host:$((replica_port + 1)); }
 
@@ -116,7 +129,24 @@ serving:
   database_url: postgresql+psycopg://serving@$host:$pg_port/serving
   api_keys:
     storage_uri: redis://$host:$redis_port/0
+monitoring:
+  watch:
+    host: $host
+    port: $watch_port
+    alertmanager_url: http://$host:$am_port
 EOF
+}
+
+# infra/prometheus/prometheus.yml and infra/alertmanager/alertmanager.yml with compose's service names replaced by
+# the native addresses (the rule files are read from infra/prometheus itself)
+write_monitoring() {
+  local i subst=(-e "s|alertmanager:9093|$host:$am_port|" -e "s|localhost:9090|$host:$prom_port|"
+    -e "s#^  - \(recording\|alerts\)\.yml#  - $repo/infra/prometheus/\1.yml#")
+  for i in $(seq $gateways); do subst+=(-e "s|chat-lifecycle-gateway-$i:3000|$host:$((replica_port + i - 1))|"); done
+  mkdir -p "$home/prometheus" "$home/alertmanager"
+  sed "${subst[@]}" "$repo/infra/prometheus/prometheus.yml" >"$home/prometheus/prometheus.yml"
+  sed "s|http://champion-watch:9095|http://$host:$watch_port|" "$repo/infra/alertmanager/alertmanager.yml" \
+    >"$home/alertmanager/alertmanager.yml"
 }
 
 # --- processes --------------------------------------------------------------------------------------------
@@ -151,6 +181,9 @@ healthy() { # NAME
   prefect-server) curl -fs -o /dev/null "http://$host:$prefect_port/api/health" ;;
   worker-*) curl -fs -o /dev/null "http://$host:$((worker_health + ${1#worker-} - 1))/health" ;;
   gateway-lb) curl -fs -o /dev/null "http://$host:$gateway_port/lb-healthz" ;;
+  prometheus) curl -fs -o /dev/null "http://$host:$prom_port/-/ready" ;;
+  alertmanager) curl -fs -o /dev/null "http://$host:$am_port/-/ready" ;;
+  champion-watch) curl -fs -o /dev/null "http://$host:$watch_port/healthz" ;;
   gateway-*) curl -fs -o /dev/null "http://$host:$((replica_port + ${1#gateway-} - 1))/healthz" ;;
   esac
 }
@@ -221,16 +254,19 @@ services() {
   echo redis mlflow prefect-server
   for i in $(seq "$workers"); do echo "worker-$i"; done
   for i in $(seq $gateways); do echo "gateway-$i"; done
-  echo gateway-lb
+  echo gateway-lb champion-watch alertmanager prometheus
 }
 
 up() {
   [[ -x $venv/bin/lifecycle ]] || die "no $venv: run scripts/setup-env.sh"
   command -v redis-server >/dev/null || die "no redis-server: run scripts/install-services.sh"
   command -v haproxy >/dev/null || die "no haproxy: run scripts/install-services.sh"
+  command -v prometheus >/dev/null || die "no prometheus: run scripts/install-services.sh"
+  command -v prometheus-alertmanager >/dev/null || die "no prometheus-alertmanager: run scripts/install-services.sh"
   mkdir -p "$home"
   secrets
   write_config
+  write_monitoring
   postgres_up
   supervise redis "" "${redis_cmd[@]}"
   supervise mlflow "$(mlflow_env)" "${mlflow_cmd[@]}"
@@ -257,13 +293,19 @@ up() {
   done
   supervise gateway-lb "$(lb_env)" "${lb_cmd[@]}"
   wait_healthy gateway-lb 30
+  supervise champion-watch "$(watch_env)" "${watch_cmd[@]}"
+  supervise alertmanager "" "${alertmanager_cmd[@]}"
+  supervise prometheus "" "${prometheus_cmd[@]}"
+  wait_healthy champion-watch 120
+  wait_healthy alertmanager 60
+  wait_healthy prometheus 60
   echo "stack: $gateways gateways started behind HAProxy (serve http://$host:$gateway_port once a version is champion; logs: $logs/gateway-N.log)"
-  echo "stack: up. MLflow UI http://$host:$mlflow_port, Prefect UI http://$host:$prefect_port; clients: eval \"\$(scripts/stack.sh env)\""
+  echo "stack: up. MLflow UI http://$host:$mlflow_port, Prefect UI http://$host:$prefect_port, Prometheus http://$host:$prom_port, Alertmanager http://$host:$am_port; clients: eval \"\$(scripts/stack.sh env)\""
 }
 
 down() {
   local s
-  for s in gateway-lb $(for i in $(seq $gateways -1 1); do echo "gateway-$i"; done) \
+  for s in prometheus alertmanager champion-watch gateway-lb $(for i in $(seq $gateways -1 1); do echo "gateway-$i"; done) \
     $(for i in $(seq 16 -1 1); do echo "worker-$i"; done) prefect-server mlflow redis; do stop "$s"; done
   postgres_down
 }
@@ -289,6 +331,9 @@ address() {
   prefect-server) echo "http://$host:$prefect_port" ;;
   worker-*) echo "pool $pool" ;;
   gateway-lb) echo "http://$host:$gateway_port" ;;
+  prometheus) echo "http://$host:$prom_port" ;;
+  alertmanager) echo "http://$host:$am_port" ;;
+  champion-watch) echo "http://$host:$watch_port" ;;
   gateway-*) echo "http://$host:$((replica_port + ${1#gateway-} - 1))" ;;
   esac
 }
@@ -332,6 +377,9 @@ plan() {
       printf '%s\t%s\t%s\t%s\t%s\n' gateway "gateway-$i" "$((replica_port + i - 1))" "$(names $(gateway_env))" "$(quoted $(gateway_cmd "$i"))"
     done
     printf '%s\t%s\t%s\t%s\t%s\n' gateway-lb gateway-lb "$gateway_port" "$(names $(lb_env))" "$(quoted "${lb_cmd[@]}")"
+    printf '%s\t%s\t%s\t%s\t%s\n' prometheus prometheus "$prom_port" - "$(quoted "${prometheus_cmd[@]}")"
+    printf '%s\t%s\t%s\t%s\t%s\n' alertmanager alertmanager "$am_port" - "$(quoted "${alertmanager_cmd[@]}")"
+    printf '%s\t%s\t%s\t%s\t%s\n' champion-watch champion-watch "$watch_port" "$(names $(watch_env))" "$(quoted "${watch_cmd[@]}")"
     printf '%s\t%s\t%s\t%s\t%s\n' trainer - - "$(names $(schedule_env))" "- lifecycle (scripts/stack.sh env)"
   }
 }
@@ -342,6 +390,7 @@ down) down ;;
 status) status ;;
 env) env_lines ;;
 plan) plan ;;
+monitoring) write_monitoring && cat "$home/prometheus/prometheus.yml" "$home/alertmanager/alertmanager.yml" ;;
 config) config=/dev/stdout write_config ;;
-*) die "usage: scripts/stack.sh up|down|status|env|plan (see the header of $0)" ;;
+*) die "usage: scripts/stack.sh up|down|status|env|plan|config|monitoring (see the header of $0)" ;;
 esac

@@ -228,7 +228,7 @@ class ShadowConfig(StrictModel):
 class CostConfig(StrictModel):
     """What an engine replica costs, for the cost per 1M tokens (``serving.pipeline.cost``): busy hours of a
     version's replicas x this price / the completion tokens they wrote. The defaults price the CPU machine the
-    project is developed and measured on (docs/operations-cost.md); production sets its own hardware and rate."""
+    project is developed and measured on (docs/operations.md); production sets its own hardware and rate."""
 
     hardware: str = Field(
         "cpu-2vcpu-xeon",

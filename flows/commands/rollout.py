@@ -1,5 +1,5 @@
-"""Progressive-delivery commands: ``promote``, ``rollback``, ``rollout`` (tick, status) and ``traffic`` (simulated
-users against an endpoint)."""
+"""Progressive-delivery commands: ``promote``, ``rollback``, ``rollout`` (tick, status), ``watch`` (Alertmanager's
+receiver) and ``traffic`` (simulated users against an endpoint)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 
 from core.errors import ConfigError
-from flows.commands.base import Arg, Context, command
+from flows.commands.base import Arg, Context, command, stop_on_term
 from flows.commands.render import status_lines
 from flows.traffic import TrafficReport, replay, traffic_prompts
 
@@ -69,6 +69,29 @@ def rollout(ctx: Context) -> int:
         return 0
     status = rollout_status(ctx.config, ctx.home)
     ctx.emit(asdict(status), status_lines(status))
+    return 0
+
+
+@command(
+    "watch",
+    help="the champion watch: Alertmanager's webhook receiver (POST /alerts). Records every alert on the champion "
+    "and in the rollout log; a severe SLO or safety breach soon after a promotion rolls back to previous-champion",
+    example="lifecycle watch --set monitoring.watch.port=9095\n"
+    "  # infra/alertmanager/alertmanager.yml: webhook_configs url http://127.0.0.1:9095/alerts",
+)
+def watch(ctx: Context) -> int:
+    from flows.watch import open_watch, watch_server
+
+    cfg = ctx.config.monitoring.watch
+    server = watch_server(open_watch(ctx.config, ctx.home), cfg.host, cfg.port)
+    print(f"champion watch on http://{cfg.host}:{server.server_address[1]}/alerts", file=sys.stderr)
+    stop_on_term()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return 0
 
 

@@ -59,7 +59,8 @@ class Running:
         except subprocess.TimeoutExpired:
             while not self.lines.empty():
                 self.seen.append(self.lines.get())
-            raise AssertionError(f"still running {SHUTDOWN_GUARD_S} s after Ctrl-C: {''.join(self.seen)[-4000:]}")
+            said = "".join(self.seen)[-4000:]
+            raise AssertionError(f"still running {SHUTDOWN_GUARD_S} s after Ctrl-C: {said}") from None
 
 
 @contextmanager

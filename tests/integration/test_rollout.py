@@ -11,26 +11,24 @@ traffic, and the gateway's /readyz must show the challenger gone afterwards.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 from support import rollout_helpers
 from support.rollout_helpers import (
     RolloutWorld,
-    record_passing_gate,
+    register_version,
+    registered_base,
     rollout_world,
     run_rollout,
     ticks_after_canary_traffic,
 )
 
-from core.home import Home
 from flows.config import LifecycleConfig
 
 POLICY = {
@@ -41,43 +39,21 @@ POLICY = {
 }
 
 
-def _register(reg: Any, base_version: Any, folder: Path, method: str, weights: str, gated: bool) -> Any:
-    run_id = reg.log_run(run_name="rollout-test", params={}, metrics=[], artifacts={"model": folder}, tags={})
-    mv = reg.register(
-        "chat",
-        run_id,
-        "model",
-        {"lineage.base_model": base_version.ref, "lineage.weights_hash": weights, "lineage.method": method},
-    )
-    if gated:
-        record_passing_gate(reg, mv.version, "test fixture: gated without evals")
-    return mv
-
-
 @pytest.fixture(scope="module")
 def world(
     tiny_config: LifecycleConfig, tiny_base_model: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RolloutWorld]:
-    from support.helpers import lora_adapter
-
-    from flows.stages import open_registry
     from flows.traffic import traffic_prompts
-    from registry.lineage import register_base_model
 
-    home = Home(tmp_path_factory.mktemp("rollout-home"))
-    base = Path(tiny_base_model.path)
-    reg = open_registry(tiny_config, home)
-    manifest = json.loads((base / "lifecycle.json").read_text())
-    base_version = register_base_model(reg, folder=base, manifest=manifest, curve=[], git_sha="t", flow_run_id="t")
-    adapter = lora_adapter(base, tmp_path_factory.mktemp("adapter"), seed=1)
-    same = f"lora-1-{manifest['weights_hash']}"
-    champion = _register(reg, base_version, adapter, "lora", same, gated=True)
+    r = registered_base(tiny_config, tiny_base_model, tmp_path_factory, "rollout-home")
+    home, reg = r.home, r.reg
+    champion = r.add("")
     reg.set_alias("chat", "champion", champion.version, reason="rollout test fixture", actor="tests")
     reg.set_model_tags("chat", {"rollout.champion": champion.version})
-    _register(reg, base_version, adapter, "lora", same + "-good", gated=True)  # chat/2
-    _register(reg, base_version, adapter, "lora", same + "-slow", gated=True)  # chat/3
-    _register(reg, base_version, base, "full", manifest["weights_hash"], gated=True)  # chat/4
-    _register(reg, base_version, adapter, "lora", same + "-ungated", gated=False)  # chat/5
+    r.add("-good")  # chat/2
+    r.add("-slow")  # chat/3
+    register_version(reg, r.base_version, r.base, "full", r.manifest["weights_hash"], gated=True)  # chat/4
+    r.add("-ungated", gated=False)  # chat/5
     prompts = traffic_prompts(tiny_config.data.generator, "normal", 200)
     serving = {"faults": [{"version": "chat/3", "ttft_delay_ms": 300}]}
     with rollout_world(tiny_config, home, POLICY, prompts, serving) as world:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -154,6 +155,50 @@ def ticks_after_canary_traffic(decisions: list[Any]) -> int:
     """Analyses after the one that moved the rollout from shadow to its first canary step."""
     first = next(i for i, d in enumerate(decisions) if d.action == "advance" and d.phase == "shadow")
     return len(decisions) - 1 - first
+
+
+@dataclass
+class Registered:
+    """A home whose registry holds the tiny base model, and a LoRA adapter on it ready to register as versions."""
+
+    home: Home
+    reg: Any
+    base_version: Any
+    base: Path
+    adapter: Path
+    weights: str  # the adapter's weights hash; suffix it to register the same weights as another engine
+    manifest: dict[str, Any]
+
+    def add(self, suffix: str, *, gated: bool = True) -> Any:
+        return register_version(self.reg, self.base_version, self.adapter, "lora", self.weights + suffix, gated)
+
+
+def registered_base(cfg: LifecycleConfig, tiny_base_model: Any, factory: Any, name: str) -> Registered:
+    from flows.stages import open_registry
+    from registry.lineage import register_base_model
+    from support.helpers import lora_adapter
+
+    home = Home(factory.mktemp(name))
+    base = Path(tiny_base_model.path)
+    reg = open_registry(cfg, home)
+    manifest = json.loads((base / "lifecycle.json").read_text())
+    base_version = register_base_model(reg, folder=base, manifest=manifest, curve=[], git_sha="t", flow_run_id="t")
+    adapter = lora_adapter(base, factory.mktemp("adapter"), seed=1)
+    return Registered(home, reg, base_version, base, adapter, f"lora-1-{manifest['weights_hash']}", manifest)
+
+
+def register_version(reg: Any, base_version: Any, folder: Path, method: str, weights: str, gated: bool) -> Any:
+    """A version of chat registered from ``folder`` without training (gated: a passing gate record, no evals)."""
+    run_id = reg.log_run(run_name="rollout-test", params={}, metrics=[], artifacts={"model": folder}, tags={})
+    mv = reg.register(
+        "chat",
+        run_id,
+        "model",
+        {"lineage.base_model": base_version.ref, "lineage.weights_hash": weights, "lineage.method": method},
+    )
+    if gated:
+        record_passing_gate(reg, mv.version, "test fixture: gated without evals")
+    return mv
 
 
 def record_passing_gate(reg: Any, version: str, summary: str, policy: str = "tests") -> None:

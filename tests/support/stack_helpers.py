@@ -42,6 +42,8 @@ def require_services() -> None:
     have = (
         shutil.which("redis-server")
         and shutil.which("haproxy")
+        and shutil.which("prometheus")
+        and shutil.which("prometheus-alertmanager")
         and list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
     )
     if have:
@@ -49,7 +51,7 @@ def require_services() -> None:
     proc = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise Unavailable(f"PostgreSQL/Redis/HAProxy are not installed and {INSTALL.name} failed: {why}")
+        raise Unavailable(f"PostgreSQL/Redis/HAProxy/Prometheus are not installed and {INSTALL.name} failed: {why}")
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float, every_s: float = 1.0) -> T:
@@ -145,6 +147,8 @@ class NativeStack:
         ports["STACK_GATEWAY_REPLICA_PORT"] = str(free_port())
         # workers answer health checks on consecutive ports from this one
         ports["STACK_WORKER_HEALTH_PORT"] = str(free_port())
+        for name in ("STACK_PROMETHEUS_PORT", "STACK_ALERTMANAGER_PORT", "STACK_WATCH_PORT"):
+            ports[name] = str(free_port())
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LIFECYCLE_", "STACK_"))},
             **ports,

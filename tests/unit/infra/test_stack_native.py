@@ -6,13 +6,16 @@ command) and the config it gives the lifecycle's processes (``stack.sh config``)
 allowed are the ones a native stack must have, each listed here: services bind 127.0.0.1 instead of 0.0.0.0,
 compose's service names (postgres, mlflow, redis, prefect-server) become 127.0.0.1, the object store becomes a
 folder the MLflow server proxies the same way, a second worker needs a name and a health port of its own, and so
-does each gateway replica (compose gives each container port 3000 and a name HAProxy finds it by).
+does each gateway replica (compose gives each container port 3000 and a name HAProxy finds it by); Prometheus and
+Alertmanager are Debian's binaries (prometheus-alertmanager is Debian's name for alertmanager) on copies of
+infra/'s files with the native addresses.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -21,13 +24,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from support.compose_helpers import INFRA, REPO, command, environment, example_env, flag, interpolate, services
 
 from flows.config import CONFIG_DIR, load_config
 
 STACK = REPO / "scripts" / "stack.sh"
 NATIVE_HOST = "127.0.0.1"
-SERVICE_HOSTS = {"postgres", "mlflow", "redis", "prefect-server", "minio"}  # compose's names, unresolvable natively
+# compose's names, unresolvable natively
+SERVICE_HOSTS = {"postgres", "mlflow", "redis", "prefect-server", "minio", "alertmanager"}
 OBJECT_STORE_ENV = {"MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"}
 # what a native process needs that a container gets from its image or its own network namespace
 NATIVE_ONLY_ENV = {"LIFECYCLE_HOME", "PREFECT_HOME", "PREFECT_WORKER_WEBSERVER_HOST", "PREFECT_WORKER_WEBSERVER_PORT"}
@@ -158,7 +163,7 @@ def test_commands_are_the_compose_commands() -> None:
     def without_port(argv: list[str]) -> list[str]:  # each native replica's own port (checked above)
         return [a for i, a in enumerate(argv) if a != "--port" and (i == 0 or argv[i - 1] != "--port")]
 
-    for n in [one("scheduler"), *native("gateway")]:
+    for n in [one("scheduler"), one("champion-watch"), *native("gateway")]:
         c = compose_argv(n.service)
         assert Path(n.argv[0]).name == c[0] == "lifecycle"
         assert flag(c, "--config") == "configs/production.yaml"
@@ -208,13 +213,15 @@ def test_the_native_config_is_production_yaml_with_local_addresses(tmp_path: Pat
         ("serving", "host"),
         ("serving", "database_url"),
         ("serving", "api_keys", "storage_uri"),
+        ("monitoring", "watch", "host"),
+        ("monitoring", "watch", "alertmanager_url"),
     }
     for path in moved:
         a, b = mine, prod
         for key in path[:-1]:
             a, b = a[key], b[key]
         ours, theirs = a.pop(path[-1]), b.pop(path[-1])
-        if path == ("serving", "host"):
+        if path in (("serving", "host"), ("monitoring", "watch", "host")):
             assert (theirs, ours) == ("0.0.0.0", NATIVE_HOST)
         else:
             assert ours == localized(theirs), path
@@ -228,9 +235,67 @@ def test_postgres_gets_the_databases_and_roles_of_compose(tmp_path: Path) -> Non
     assert "infra/postgres/init-databases.sh" in STACK.read_text()
 
 
-@pytest.mark.parametrize("service", ["mlflow", "prefect-server", "prefect-worker", "gateway", "gateway-lb", "redis"])
+@pytest.mark.parametrize(
+    "service",
+    [
+        "mlflow",
+        "prefect-server",
+        "prefect-worker",
+        "gateway",
+        "gateway-lb",
+        "redis",
+        "prometheus",
+        "alertmanager",
+        "champion-watch",
+    ],
+)
 def test_long_running_services_restart_like_compose(service: str) -> None:
     # compose: restart unless-stopped; the script supervises them (restarts with Docker's back-off)
     assert services()[service].get("restart") == "unless-stopped"
     name = {"prefect-worker": '"worker-$i"', "gateway": '"gateway-$i"'}.get(service, service)
     assert f"supervise {name} " in STACK.read_text()
+
+
+# compose's images run these binaries; Debian installs them as
+DEBIAN_BINARY = {"prometheus": "prometheus", "alertmanager": "prometheus-alertmanager"}
+
+
+@pytest.mark.parametrize("service", sorted(DEBIAN_BINARY))
+def test_prometheus_and_alertmanager_run_like_compose_on_infras_files(service: str, tmp_path: Path) -> None:
+    n, c = one(service), compose_argv(service)
+    assert n.argv[0] == DEBIAN_BINARY[service] and n.port in published(service)
+    assert [a.split("=")[0] for a in n.argv[1:]] == [a.split("=")[0] for a in c]  # the same flags, in order
+    assert flag(n.argv, "--web.listen-address") == f"{NATIVE_HOST}:{n.port}"
+    assert flag(c, "--web.listen-address") == f"0.0.0.0:{n.port}"
+    assert flag(n.argv, "--cluster.listen-address") == flag(c, "--cluster.listen-address")
+    for storage in ("--storage.tsdb.path", "--storage.path"):
+        if flag(c, storage):
+            assert Path(str(flag(n.argv, storage))).is_relative_to(stack_home())
+    # the config: compose mounts infra/<folder> read-only; the native copy differs in addresses only
+    (mount,) = [v for v in services()[service]["volumes"] if v.startswith("./")]
+    source, target = mount.split(":")[:2]
+    mounted = INFRA / source.removeprefix("./") / Path(str(flag(c, "--config.file"))).relative_to(target)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STACK_")} | {"STACK_HOME": str(tmp_path)}
+    subprocess.run(["bash", str(STACK), "monitoring"], capture_output=True, text=True, env=env, check=True)
+    written = Path(str(flag(n.argv, "--config.file")).replace(str(stack_home()), str(tmp_path)))
+    native_text, compose_text = written.read_text(), mounted.read_text()
+    assert "chat-lifecycle-gateway" not in native_text and "champion-watch:" not in native_text
+    addresses = re.compile(r"(\d+\.\d+\.\d+\.\d+|[a-z][\w-]*):\d+")
+    native_text = re.sub(r"(?m)^(  - )/\S*/infra/prometheus/", r"\1", native_text)  # the rule files, by path
+    assert addresses.sub("ADDR", native_text) == addresses.sub("ADDR", compose_text)
+
+
+def test_prometheus_scrapes_every_native_replica_and_alerts_reach_the_watch(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STACK_")} | {"STACK_HOME": str(tmp_path)}
+    subprocess.run(["bash", str(STACK), "monitoring"], capture_output=True, text=True, env=env, check=True)
+    prom = yaml.safe_load((tmp_path / "prometheus" / "prometheus.yml").read_text())
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "gateway"]
+    assert job["static_configs"][0]["targets"] == [f"{NATIVE_HOST}:{r.port}" for r in native("gateway")]
+    assert prom["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
+        f"{NATIVE_HOST}:{one('alertmanager').port}"
+    ]
+    assert all(Path(f).is_file() for f in prom["rule_files"])
+    am = yaml.safe_load((tmp_path / "alertmanager" / "alertmanager.yml").read_text())
+    url = am["receivers"][0]["webhook_configs"][0]["url"]
+    assert url == f"http://{NATIVE_HOST}:{one('champion-watch').port}/alerts"
+    assert one("champion-watch").port == load_config(CONFIG_DIR / "production.yaml").monitoring.watch.port

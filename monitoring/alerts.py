@@ -1,0 +1,58 @@
+"""Alerts that come from batch jobs rather than scrapes: the daily champion eval runs once a day in a Prefect flow,
+so instead of a metric for Prometheus to scrape (a pushgateway would be one more service, and a daily sample is
+stale for 23 hours of every scrape) it posts its alert straight to Alertmanager's ``/api/v2/alerts``, where it
+takes the same route as Prometheus' alerts: to the champion watch, which records it on the champion.
+
+    drops = eval_drops(previous, current, directions, max_drop=0.05)     # pure
+    if drops: post_alert(url, eval_drop_alert(ref, drops, max_drop))     # side effect
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+EVAL_DROP = "ChampionEvalDrop"
+
+
+def eval_drops(
+    previous: Mapping[str, float], current: Mapping[str, float], higher_is_better: Mapping[str, bool], max_drop: float
+) -> dict[str, float]:
+    """Metrics whose value got worse by more than ``max_drop`` (relative to the previous value), with the drop.
+    Metrics without a direction, without a previous value or at 0 before are skipped."""
+    out = {}
+    for name, now in current.items():
+        before, up = previous.get(name), higher_is_better.get(name)
+        if before is None or up is None or before == 0:
+            continue
+        drop = (before - now) / abs(before) if up else (now - before) / abs(before)
+        if drop > max_drop:
+            out[name] = round(drop, 4)
+    return out
+
+
+def eval_drop_alert(
+    model_version: str, drops: Mapping[str, float], max_drop: float, hours: float = 24
+) -> dict[str, Any]:
+    """One Alertmanager alert (API v2) for a daily eval drop; it ends by itself after ``hours`` unless re-posted."""
+    now = datetime.now(UTC)
+    worst = ", ".join(f"{k} -{v:.1%}" for k, v in sorted(drops.items(), key=lambda kv: -kv[1]))
+    return {
+        "labels": {
+            "alertname": EVAL_DROP,
+            "severity": "warning",
+            "signal": "quality",
+            "model_version": model_version,
+        },
+        "annotations": {"summary": f"{model_version}: daily eval dropped over {max_drop:.0%} ({worst})"},
+        "startsAt": now.isoformat(),
+        "endsAt": (now + timedelta(hours=hours)).isoformat(),
+    }
+
+
+def post_alert(alertmanager_url: str, alert: Mapping[str, Any], timeout_s: float = 10) -> None:
+    """POST one alert to Alertmanager; raises httpx.HTTPError when it does not take it."""
+    httpx.post(alertmanager_url.rstrip("/") + "/api/v2/alerts", json=[alert], timeout=timeout_s).raise_for_status()

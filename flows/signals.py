@@ -22,9 +22,12 @@ either way, goes to the decision log, the monitor run's tags and the registered 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import httpx
 
 from core.embedding import Embedder, MiniLmEmbedder
 from core.errors import NotFoundError
@@ -33,6 +36,7 @@ from flows.config import LifecycleConfig
 from flows.curation import export_curated, snapshot_with_curated
 from flows.stages import CHAMPION, open_registry, open_serving_store
 from flows.summaries import MonitorResult
+from monitoring.alerts import DRIFT, drift_alert, post_alert
 from monitoring.drift import detect_drift
 from monitoring.drift_html import render_html
 from monitoring.retrain import ChampionState, RetrainDecision, RetrainRecord, Signals, decide_retrain
@@ -42,6 +46,8 @@ from registry.store import ModelVersion
 from serving.state.schema import RequestLogEntry
 from training.data.curated import CuratedStore
 from training.data.snapshot import Snapshot, load_snapshot
+
+log = logging.getLogger("lifecycle.signals")
 
 RETRAIN_TAG = "retrain.trigger"  # on a version trained because of a retrain decision: "drift"
 
@@ -126,7 +132,20 @@ def monitor_stage(
         artifacts={"drift": folder},
         tags={"lifecycle.kind": "monitor", "drift.status": report.status, "drift.reason": report.reason[:4000]},
     )
+    if report.drifted:
+        _post_drift_alert(cfg, champ.ref, report.reason)
     return MonitorResult(report, champ.ref, snapshot, folder, run_id)
+
+
+def _post_drift_alert(cfg: LifecycleConfig, ref: str, reason: str) -> None:
+    """DriftDetected to Alertmanager (``monitoring.watch.alertmanager_url``), on to the champion watch, which records
+    it on the champion; the drift report and its run stand whether or not Alertmanager takes it."""
+    url = cfg.monitoring.watch.alertmanager_url
+    if url:
+        try:
+            post_alert(url, drift_alert(ref, reason))
+        except httpx.HTTPError as exc:
+            log.warning("drift check: could not post %s to %s: %s", DRIFT, url, exc)
 
 
 # --- the retrain decision ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Alerts that come from batch jobs rather than scrapes: the daily champion eval runs once a day in a Prefect flow,
 so instead of a metric for Prometheus to scrape (a pushgateway would be one more service, and a daily sample is
 stale for 23 hours of every scrape) it posts its alert straight to Alertmanager's ``/api/v2/alerts``, where it
-takes the same route as Prometheus' alerts: to the champion watch, which records it on the champion.
+takes the same route as Prometheus' alerts: to the champion watch, which records it on the champion. The drift
+check (``lifecycle monitor``, every 15 minutes, and the retrain check) posts DriftDetected the same way.
 
     drops = eval_drops(previous, current, directions, max_drop=0.05)     # pure
     if drops: post_alert(url, eval_drop_alert(ref, drops, max_drop))     # side effect
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 
 EVAL_DROP = "ChampionEvalDrop"
+DRIFT = "DriftDetected"
 
 
 def eval_drops(
@@ -38,16 +40,23 @@ def eval_drop_alert(
     model_version: str, drops: Mapping[str, float], max_drop: float, hours: float = 24
 ) -> dict[str, Any]:
     """One Alertmanager alert (API v2) for a daily eval drop; it ends by itself after ``hours`` unless re-posted."""
-    now = datetime.now(UTC)
     worst = ", ".join(f"{k} -{v:.1%}" for k, v in sorted(drops.items(), key=lambda kv: -kv[1]))
+    summary = f"{model_version}: daily eval dropped over {max_drop:.0%} ({worst})"
+    return _alert(EVAL_DROP, "quality", model_version, summary, hours)
+
+
+def drift_alert(model_version: str, reason: str, hours: float = 1) -> dict[str, Any]:
+    """One Alertmanager alert for prompt drift on the champion's traffic (a warning for a person: the retrain
+    policy, not the watch, decides what drift does); it ends by itself after ``hours`` unless the next check
+    re-posts it."""
+    return _alert(DRIFT, "drift", model_version, f"{model_version}: prompts drifted ({reason[:300]})", hours)
+
+
+def _alert(name: str, signal: str, model_version: str, summary: str, hours: float) -> dict[str, Any]:
+    now = datetime.now(UTC)
     return {
-        "labels": {
-            "alertname": EVAL_DROP,
-            "severity": "warning",
-            "signal": "quality",
-            "model_version": model_version,
-        },
-        "annotations": {"summary": f"{model_version}: daily eval dropped over {max_drop:.0%} ({worst})"},
+        "labels": {"alertname": name, "severity": "warning", "signal": signal, "model_version": model_version},
+        "annotations": {"summary": summary},
         "startsAt": now.isoformat(),
         "endsAt": (now + timedelta(hours=hours)).isoformat(),
     }

@@ -53,7 +53,7 @@ def test_a_daily_eval_drop_posts_an_alert_and_a_small_one_does_not(
 ) -> None:
     watch = {"monitoring": {"watch": {"alertmanager_url": alertmanager}}}
     cfg = LifecycleConfig.model_validate(deep_merge(tiny_config.model_dump(mode="json"), watch))
-    up = {"quality.accuracy": True}
+    up: dict[str, bool | None] = {"quality.accuracy": True}
     small = daily_drops(cfg, champion("7", '{"quality.accuracy": 0.8}'), {"quality.accuracy": 0.78}, up)
     assert small == {} and alerts(alertmanager) == []
     drops = daily_drops(cfg, champion("8", '{"quality.accuracy": 0.8}'), {"quality.accuracy": 0.7}, up)
@@ -62,3 +62,27 @@ def test_a_daily_eval_drop_posts_an_alert_and_a_small_one_does_not(
     assert alert["labels"]["alertname"] == "ChampionEvalDrop" and alert["labels"]["model_version"] == "chat/8"
     assert alert["labels"]["severity"] == "warning" and "quality.accuracy -12.5%" in alert["annotations"]["summary"]
     assert alert["receivers"] == [{"name": "champion-watch"}]
+
+
+def test_a_drift_verdict_posts_a_warning_for_a_person(alertmanager: str, tiny_config: LifecycleConfig) -> None:
+    from flows.signals import _post_drift_alert
+
+    watch = {"monitoring": {"watch": {"alertmanager_url": alertmanager}}}
+    cfg = LifecycleConfig.model_validate(deep_merge(tiny_config.model_dump(mode="json"), watch))
+    _post_drift_alert(cfg, "chat/9", "embedding drift score 0.31 over 0.1")
+    (alert,) = [a for a in alerts(alertmanager) if a["labels"]["alertname"] == "DriftDetected"]
+    assert alert["labels"] == {
+        "alertname": "DriftDetected",
+        "severity": "warning",
+        "signal": "drift",
+        "model_version": "chat/9",
+    }
+    assert "embedding drift score 0.31" in alert["annotations"]["summary"]
+    assert alert["receivers"] == [{"name": "champion-watch"}]
+    # unreachable Alertmanager: the drift check goes on, it only says so
+    down = LifecycleConfig.model_validate(
+        deep_merge(
+            tiny_config.model_dump(mode="json"), {"monitoring": {"watch": {"alertmanager_url": "http://127.0.0.1:9"}}}
+        )
+    )
+    _post_drift_alert(down, "chat/9", "drifted")

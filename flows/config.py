@@ -26,6 +26,7 @@ from training.config import (
     SafetyClassifierConfig,
     SnapshotConfig,
 )
+from training.model.quantize import QuantizeConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
@@ -51,6 +52,9 @@ class LifecycleConfig(StrictModel):
     safety_classifier: SafetyClassifierConfig = Field(
         default_factory=SafetyClassifierConfig,
         description="The harm-intent classifier the gateway's pre-filter loads (lifecycle safety-classifier).",
+    )
+    quantize: QuantizeConfig = Field(
+        default_factory=QuantizeConfig, description="Quantized variants of registered versions (lifecycle quantize)."
     )
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow tracking and registry.")
     evals: EvalConfig = Field(default_factory=EvalConfig, description="Eval suites and the promotion gate.")

@@ -72,8 +72,8 @@ def test_a_w8a8_folder_holds_int8_weights_and_computes_close_to_its_parent(quant
 
 
 def test_the_version_names_its_parent_and_method_is_registered_once_and_gated_against_the_parent(
-    quantized, tiny_config: LifecycleConfig, tiny_snapshot
-) -> None:  # type: ignore[no-untyped-def]
+    quantized: Any, tiny_config: LifecycleConfig, tiny_snapshot: Any
+) -> None:
     from flows.gating import gate_baseline
     from flows.quantization import quantize_stage
 
@@ -90,8 +90,8 @@ def test_the_version_names_its_parent_and_method_is_registered_once_and_gated_ag
 
 
 def test_an_already_quantized_folder_and_a_group_that_does_not_divide_are_refused(
-    quantized, tiny_base_model, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+    quantized: Any, tiny_base_model: Any, tmp_path: Path
+) -> None:
     from training.model.modelio import inspect_model_folder
 
     with pytest.raises(ModelError, match="already quantized"):

@@ -87,7 +87,7 @@ def quantize(parent: ModelFolder, root: Path, cfg: QuantizeConfig) -> ModelFolde
             if (parent.path / name).is_file():
                 shutil.copy2(parent.path / name, tmp / name)
         weights = sha256_files(tmp, sorted(p.name for p in tmp.glob("*.safetensors")))
-        manifest = {
+        manifest: dict[str, Any] = {
             **{
                 k: parent.manifest[k]
                 for k in ("tokenizer_hash", "chat_template_hash", "eos_token")
@@ -137,7 +137,8 @@ def _set_scales(model: torch.nn.Module) -> tuple[int, float]:
 
     layers, errors = 0, []
     with torch.no_grad():
-        for module in model.modules():
+        for layer in model.modules():
+            module: Any = layer  # a quantized Linear: compressed-tensors adds its scheme and scale parameters
             if not is_module_quantized(module):
                 continue
             args = module.quantization_scheme.weights

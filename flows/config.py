@@ -23,10 +23,10 @@ from training.config import (
     DataConfig,
     FinetuneConfig,
     PreferenceConfig,
+    QuantizeConfig,
     SafetyClassifierConfig,
     SnapshotConfig,
 )
-from training.model.quantize import QuantizeConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"

@@ -21,7 +21,8 @@ from core.home import Home
 from core.quantized import compute_dtype
 from flows.config import LifecycleConfig
 from registry.store import ModelVersion
-from training.model.quantize import QuantizeConfig, quantize
+from training.config import QuantizeConfig
+from training.model.quantize import quantize
 
 
 @pytest.fixture(scope="module")

@@ -30,19 +30,17 @@ import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
-from core.config import StrictModel
 from core.errors import ModelError
 from core.hashing import sha256_files, sha256_json
+from training.config import QuantizeConfig
 from training.model.modelio import MANIFEST, ModelFolder, inspect_model_folder, staged_folder
 
 # bump when what a quantization writes changes: the key of every quantized folder includes it
 QUANTIZER = "ct-rtn/1"
-Scheme = Literal["W8A8", "W4A16"]
 # the tokenizer and generation files a quantized folder takes from its parent unchanged
 _COPIED = (
     "tokenizer.json",
@@ -52,23 +50,6 @@ _COPIED = (
     "chat_template.jinja",
     "generation_config.json",
 )
-
-
-class QuantizeConfig(StrictModel):
-    """Quantization of a registered version into a new one (``lifecycle quantize``, the loop's optional step)."""
-
-    enabled: bool = Field(False, description="Run the quantize step in lifecycle run after a version passes its gate.")
-    scheme: Scheme = Field(
-        "W8A8", description="W8A8: int8 per-channel weights, dynamic per-token int8 activations; W4A16: 4-bit groups."
-    )
-    group_size: int = Field(64, ge=16, description="W4A16 only: weights per scale group (must divide every layer).")
-    ignore: list[str] = Field(
-        default_factory=lambda: ["lm_head"], description="Linear layers kept in full precision (compressed-tensors)."
-    )
-
-    def method(self) -> str:
-        """The ``lineage.method`` of a version this config makes."""
-        return f"rtn-{self.scheme}" + (f"-g{self.group_size}" if self.scheme == "W4A16" else "")
 
 
 def quantized_key(parent: ModelFolder, cfg: QuantizeConfig) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from core.errors import ConfigError
+from core.quantized import compute_dtype
 from core.toxicity import ProfanityScorer, ToxicityScorer
 from evals.behaviour import run_over_refusal, run_retention, run_safety, run_toxicity
 from evals.config import EvalConfig, OverRefusalSuite, QualitySuite, RetentionSuite, SafetySuite, ToxicitySuite
@@ -114,7 +115,7 @@ def _vllm_lm(cfg: EvalConfig, target: ModelTarget) -> Iterator[tuple[Any, ChatMo
     VLLM = _lm_eval_vllm_class()  # noqa: N806
     kwargs: dict[str, Any] = {
         "pretrained": str(target.folder),
-        "dtype": cfg.engine.dtype,
+        "dtype": compute_dtype(target.folder) or cfg.engine.dtype,  # a quantized folder runs in bf16
         "seed": cfg.seed,
         "batch_size": "auto",
         "max_model_len": cfg.engine.max_model_len,

@@ -23,6 +23,7 @@ from training.config import (
     DataConfig,
     FinetuneConfig,
     PreferenceConfig,
+    QuantizeConfig,
     SafetyClassifierConfig,
     SnapshotConfig,
 )
@@ -51,6 +52,9 @@ class LifecycleConfig(StrictModel):
     safety_classifier: SafetyClassifierConfig = Field(
         default_factory=SafetyClassifierConfig,
         description="The harm-intent classifier the gateway's pre-filter loads (lifecycle safety-classifier).",
+    )
+    quantize: QuantizeConfig = Field(
+        default_factory=QuantizeConfig, description="Quantized variants of registered versions (lifecycle quantize)."
     )
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="MLflow tracking and registry.")
     evals: EvalConfig = Field(default_factory=EvalConfig, description="Eval suites and the promotion gate.")

@@ -153,7 +153,12 @@ def evaluate_stage(
     return report
 
 
-def _champion(cfg: LifecycleConfig, home: Home, candidate: ModelVersion) -> ModelVersion | None:
+def gate_baseline(cfg: LifecycleConfig, home: Home, candidate: ModelVersion) -> ModelVersion | None:
+    """The version a candidate is judged against: the champion, or for a quantized variant its parent (same
+    weights but for the quantization: the gate asks what quantizing cost, paired on the same items)."""
+    parent = candidate.lineage.get("parent")
+    if candidate.lineage.get("kind") == "quantized" and parent:
+        return open_registry(cfg, home).parse(parent)
     try:
         champ = open_registry(cfg, home).by_alias(candidate.name, CHAMPION)
     except NotFoundError:
@@ -170,9 +175,9 @@ def gate_stage(
     force: bool = False,
     on_suite: Callable[[SuiteResult], None] | None = None,
 ) -> GateOutcome:
-    """Evaluate a version (and the champion, on the same items), decide, and record the decision: ``gate.*``
-    tags, an MLflow run with the reports, files under ``reports/gates``. A failed version loses the
-    ``candidate`` alias, so nothing downstream picks it up."""
+    """Evaluate a version (and the champion, or a quantized version's parent, on the same items), decide, and
+    record the decision: ``gate.*`` tags, an MLflow run with the reports, files under ``reports/gates``. A failed
+    version loses the ``candidate`` alias, so nothing downstream picks it up."""
     reg = open_registry(cfg, home)
     mv = reg.parse(ref)
     snapshot = mv.lineage.get("snapshot")
@@ -181,7 +186,7 @@ def gate_stage(
     policy = gate_policy(cfg)
     sets = eval_sets_stage(cfg, home, snapshot)
     report = evaluate_stage(cfg, home, mv.ref, sets=sets, force=force, on_suite=on_suite)
-    champion = _champion(cfg, home, mv)
+    champion = gate_baseline(cfg, home, mv)
     champion_report = (
         evaluate_stage(cfg, home, champion.ref, sets=sets, force=force, on_suite=on_suite) if champion else None
     )

@@ -35,6 +35,7 @@ from core.provenance import package_versions
 from flows.config import LifecycleConfig
 from flows.evaluate import evaluate_flow
 from flows.monitor import drift_check_task
+from flows.quantization import quantize_stage
 from flows.report_card import report_card, report_card_path
 from flows.retrain import retrain_flow
 from flows.rollout import rollout_markdown, simulated_rollout_task
@@ -53,6 +54,10 @@ def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
     started, t0 = datetime.now(UTC), time.perf_counter()
     trained = train_flow(cfg, home)
     gated = evaluate_flow(cfg, home, f"{trained.model}/{trained.version}")
+    quantized = None
+    if gated.passed and cfg.quantize.enabled:  # a quantized variant, gated against the version just gated
+        variant = quantize_stage(cfg, home, f"{trained.model}/{trained.version}", flow_run_id=trained.flow_run_id)
+        quantized = evaluate_flow(cfg, home, variant.ref)
     rolled = drift = retrained = None
     if gated.passed and cfg.run.rollout:
         then = cfg.run.drift_requests if cfg.run.drift_check else 0
@@ -63,6 +68,7 @@ def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
             if drift["retrain"] and cfg.run.retrain:
                 retrained = retrain_flow(cfg, home, drift["reasons"])
     summary = RunSummary(trained, gated, rolled, drift, retrained, time.perf_counter() - t0, started, run_environment())
+    summary.quantized = quantized
     path = report_card_path(home, started)
     path.parent.mkdir(parents=True, exist_ok=True)
     markdown = report_card(summary)

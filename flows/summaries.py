@@ -113,6 +113,7 @@ class RunSummary:
     started_at: datetime | None = None  # UTC; names the run's report folder
     environment: RunEnvironment | None = None
     report_card: str | None = None  # reports/run-<time>/report.md under the home, once written
+    quantized: GateSummary | None = None  # quantize.enabled: the quantized variant's gate against the version
 
 
 @dataclass(frozen=True)

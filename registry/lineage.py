@@ -126,3 +126,48 @@ def register(
     return reg.register(
         name, run_id, "model", {**lineage.tags(), **summary}, description="Chat models fine-tuned by chat-lifecycle."
     )
+
+
+def register_quantized(
+    reg: MlflowRegistry,
+    parent: ModelVersion,
+    *,
+    folder: Path,
+    manifest: dict[str, Any],
+    snapshot: str,
+    git_sha: str,
+    flow_run_id: str,
+) -> ModelVersion:
+    """Register a quantized variant of ``parent`` as a chat version (once per quantized weights): its lineage names
+    the parent and the method, and keeps the parent's ``snapshot`` so the gate measures both on the same items."""
+    name = reg.cfg.model_name
+    weights = str(manifest["weights_hash"])
+    existing = reg.find(name, lineage_weights_hash=weights)
+    if existing:
+        return existing[0]
+    tags = {
+        "lineage.kind": "quantized",
+        "lineage.parent": parent.ref,
+        "lineage.parent_weights_hash": str(manifest["parent_weights_hash"]),
+        "lineage.method": str(manifest["method"]),
+        "lineage.quantizer": str(manifest["quantization"]["quantizer"]),
+        "lineage.snapshot": snapshot,
+        "lineage.weights_hash": weights,
+        "lineage.tokenizer_hash": str(manifest.get("tokenizer_hash", parent.lineage.get("tokenizer_hash", ""))),
+        "lineage.chat_template_hash": str(
+            manifest.get("chat_template_hash", parent.lineage.get("chat_template_hash", ""))
+        ),
+        "lineage.git_sha": git_sha,
+        "lineage.flow_run_id": flow_run_id,
+    }
+    run_id = reg.log_run(
+        run_name=f"quantize-{folder.name}",
+        params={"quantization": manifest["quantization"]},
+        metrics=[],
+        artifacts={"model": folder},
+        tags={"lifecycle.stage": "quantize", **tags},
+    )
+    metrics = {f"metrics.{k}": str(v) for k, v in manifest.get("metrics", {}).items()}
+    return reg.register(
+        name, run_id, "model", {**tags, **metrics}, description="Chat models fine-tuned by chat-lifecycle."
+    )

@@ -387,3 +387,23 @@ class SafetyClassifierConfig(StrictModel):
     gate_policy: str = Field(
         "configs/gates/safety_classifier.yaml", description="Gate policy (floors per metric) of new versions."
     )
+
+
+QuantScheme = Literal["W8A8", "W4A16"]
+
+
+class QuantizeConfig(StrictModel):
+    """Quantization of a registered version into a new one (``lifecycle quantize``, the loop's optional step)."""
+
+    enabled: bool = Field(False, description="Run the quantize step in lifecycle run after a version passes its gate.")
+    scheme: QuantScheme = Field(
+        "W8A8", description="W8A8: int8 per-channel weights, dynamic per-token int8 activations; W4A16: 4-bit groups."
+    )
+    group_size: int = Field(64, ge=16, description="W4A16 only: weights per scale group (must divide every layer).")
+    ignore: list[str] = Field(
+        default_factory=lambda: ["lm_head"], description="Linear layers kept in full precision (compressed-tensors)."
+    )
+
+    def method(self) -> str:
+        """The ``lineage.method`` of a version this config makes."""
+        return f"rtn-{self.scheme}" + (f"-g{self.group_size}" if self.scheme == "W4A16" else "")

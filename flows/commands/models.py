@@ -192,3 +192,36 @@ def gate(ctx: Context) -> int:
     summary = evaluate_flow(ctx.config, ctx.home, f"{ctx.args.name}/{ctx.args.version}", ctx.args.force)
     ctx.emit(asdict(summary), ["", "lifecycle gate: done", *gate_lines(summary)])
     return 0 if summary.passed else 3
+
+
+@command(
+    "quantize",
+    help="quantize a registered version (quantize.scheme: W8A8 int8 or W4A16, compressed-tensors, served by vLLM's "
+    "CPU kernels in bf16) and register it as a new chat version whose lineage names its parent and the method; "
+    "then lifecycle gate judges it against that parent on the same items",
+    example="lifecycle quantize chat 3\n"
+    "  lifecycle quantize chat-base 1 --snapshot 58434b85 --config configs/smollm2.yaml\n"
+    "  lifecycle quantize chat 3 --set quantize.scheme=W4A16 --set quantize.group_size=64",
+    args=[
+        NAME,
+        VERSION,
+        Arg("--snapshot", metavar="HASH", help="eval data for a parent without lineage.snapshot (an imported base)"),
+    ],
+)
+def quantize(ctx: Context) -> int:
+    from flows.quantization import quantize_stage
+
+    open_registry_check(ctx)
+    mv = quantize_stage(
+        ctx.config, ctx.home, f"{ctx.args.name}/{ctx.args.version}", snapshot=ctx.args.snapshot, flow_run_id="cli"
+    )
+    lineage = mv.lineage
+    ctx.emit(
+        {"ref": mv.ref, "lineage": lineage},
+        [
+            f"quantized {lineage['parent']} -> {mv.ref}  method {lineage['method']}",
+            f"  weights hash {lineage['weights_hash']}",
+            f"  next: lifecycle gate {mv.name} {mv.version}   (judged against {lineage['parent']})",
+        ],
+    )
+    return 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from core.machine import BF16_ISA_CLASSES, isa_class
+from core.quantized import compute_dtype
 from serving.config import Dtype, EngineSettings
 
 log = logging.getLogger("lifecycle.serving")
@@ -165,7 +166,7 @@ class VllmEngine:
         s = self.settings
         args = AsyncEngineArgs(
             model=str(self.folder),
-            dtype=engine_dtype(s.dtype),
+            dtype=compute_dtype(self.folder) or engine_dtype(s.dtype),  # quantized kernels: bf16 only
             max_num_seqs=s.max_num_seqs,
             enable_prefix_caching=s.enable_prefix_caching,
             enable_lora=self.lora,

@@ -50,6 +50,7 @@ class GenerationRequest:
     adapter: Adapter | None = None
     logprobs: int | None = None  # top candidates per generated token (0: the sampled token's own only); None: off
     prompt_logprobs: int | None = None  # the same for every prompt token (the first has none); None: off
+    json_schema: dict[str, Any] | None = None  # structured outputs: the text is JSON valid under it (tool calls)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.lora.request import LoRARequest
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self.state != "ready":
@@ -230,6 +231,7 @@ class VllmEngine:
             logprobs=request.logprobs,
             prompt_logprobs=request.prompt_logprobs,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=StructuredOutputsParams(json=request.json_schema) if request.json_schema else None,
         )
         adapter = request.adapter
         lora = LoRARequest(adapter.name, adapter.id, str(adapter.path)) if adapter else None

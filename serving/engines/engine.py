@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 
 from core.machine import BF16_ISA_CLASSES, isa_class
 from serving.config import Dtype, EngineSettings
+from serving.wire.errors import bad_request
 
 log = logging.getLogger("lifecycle.serving")
 
@@ -231,7 +232,11 @@ class VllmEngine:
             logprobs=request.logprobs,
             prompt_logprobs=request.prompt_logprobs,
             output_kind=RequestOutputKind.DELTA,
-            structured_outputs=StructuredOutputsParams(json=request.json_schema) if request.json_schema else None,
+            structured_outputs=(
+                StructuredOutputsParams(json=request.json_schema, disable_any_whitespace=True)  # compact JSON
+                if request.json_schema
+                else None
+            ),
         )
         adapter = request.adapter
         lora = LoRARequest(adapter.name, adapter.id, str(adapter.path)) if adapter else None
@@ -254,6 +259,10 @@ class VllmEngine:
                     _logprobs(piece.token_ids, piece.logprobs) if request.logprobs is not None else (),
                     _prompt_logprobs(out) if request.prompt_logprobs is not None else None,
                 )
+        except ValueError as exc:  # vLLM's input checks (a grammar its backend cannot build): the client's input
+            if request.json_schema is None or rid in self._running:
+                raise
+            raise bad_request(f"the engine cannot follow the tools' schema: {exc}"[:500], param="tools") from None
         except EngineDeadError as exc:
             self._state = "dead"
             raise EngineDead(f"engine {self.key[:12]} died: {exc}") from exc

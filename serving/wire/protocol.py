@@ -1,7 +1,7 @@
 """OpenAI Chat Completions wire format: the request schema we accept and the response/chunk objects we send.
 
 Follows https://platform.openai.com/docs/api-reference/chat. Unknown request fields are ignored (as OpenAI-
-compatible servers do, so newer clients keep working); fields we cannot honour (``n`` > 1, tools, logprobs) are
+compatible servers do, so newer clients keep working); fields we cannot honour (``n`` > 1, logprobs) are
 a 400 naming the field instead of being silently dropped. ``tools`` and ``tool_choice`` are OpenAI's function
 calling (``serving.wire.tools``). Values are checked where the client sent them, not
 where they would fail later: types are strict (``"stream": "yes"`` or ``1`` is a 422, not true; ``"n": "1"``

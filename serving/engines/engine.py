@@ -160,6 +160,7 @@ class VllmEngine:
         self.started_s: float | None = None
 
     def start(self) -> VllmEngine:
+        from vllm.config.structured_outputs import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -175,6 +176,9 @@ class VllmEngine:
             max_lora_rank=s.max_lora_rank,
             seed=s.seed,
             served_model_name=engine_label(self.key),  # vLLM labels its metrics with it: the folder path otherwise
+            # tool calls as compact JSON (a model free to write whitespace in a grammar may write nothing else), on
+            # xgrammar: the backend the gateway checks tool schemas with before a request reaches the engine
+            structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         )
         if s.max_model_len:
             args.max_model_len = s.max_model_len
@@ -233,7 +237,7 @@ class VllmEngine:
             prompt_logprobs=request.prompt_logprobs,
             output_kind=RequestOutputKind.DELTA,
             structured_outputs=(
-                StructuredOutputsParams(json=request.json_schema, disable_any_whitespace=True)  # compact JSON
+                StructuredOutputsParams(json=request.json_schema, disable_any_whitespace=True)
                 if request.json_schema
                 else None
             ),

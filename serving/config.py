@@ -162,6 +162,9 @@ class RequestLimits(StrictModel):
     )
     max_stop_sequences: int = Field(16, ge=1, description="Most stop strings one request may set (400 beyond).")
     max_prompts: int = Field(16, ge=1, description="Most prompts one /v1/completions request may carry (400 beyond).")
+    max_embedding_inputs: int = Field(
+        128, ge=1, description="Most texts one /v1/embeddings request may carry (400 beyond)."
+    )
     max_feedback_chars: int = Field(
         8000, ge=1, description="Longest better answer or comment POST /v1/feedback takes, in characters (422 beyond)."
     )

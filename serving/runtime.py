@@ -35,7 +35,7 @@ from serving.engines.engine import Engine, VllmEngine, engine_label
 from serving.engines.router import EngineFactory, Router, VersionSource
 from serving.pipeline.gateway import Gateway
 from serving.pipeline.limits import RateLimiter
-from serving.pipeline.shadow import Embedder
+from serving.pipeline.shadow import TokenizingEmbedder
 from serving.safety.filters import SafetyFilters, build_filters
 from serving.state.review import ReviewQueue
 from serving.state.store import ServingStore
@@ -73,7 +73,7 @@ class GatewayRuntime:
         registry: VersionSource | None = None,
         factory: EngineFactory | None = None,
         filters: SafetyFilters | None = None,
-        embedder: Embedder | None = None,
+        embedder: TokenizingEmbedder | None = None,
     ) -> None:
         home = Home(Path(spec.home))
         process_runtime.configure(home)

@@ -6,6 +6,7 @@ Routes (OpenAI's first, ``serving.api.inference``, then ours, marked as extensio
 ``serving.api.extensions``, then operations, ``serving.api.ops``):
     POST /v1/chat/completions     streaming (SSE) and non-streaming
     POST /v1/completions          text completions with logprobs and echo (serving.api.completions)
+    POST /v1/embeddings           sentence embeddings, float or base64 (serving.pipeline.embeddings)
     GET  /v1/models
     GET  /v1/conversations, GET/DELETE /v1/conversations/{id}     (extension)
     GET  /v1/usage                                                 (extension)
@@ -25,12 +26,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from serving.api import completions, extensions, feedback, inference, ops
 from serving.api.http import GatewayMiddleware, set_error_code
 from serving.wire import openapi
+from serving.wire.embeddings import EmbeddingRequest
 from serving.wire.errors import APIError, error_body
 from serving.wire.protocol import ChatCompletionRequest
 
@@ -72,7 +75,13 @@ def create_app(runtime: GatewayRuntime) -> FastAPI:
 
     for routes in (inference.router, extensions.router, ops.router):  # OpenAI's, ours, operations: the document's order
         app.include_router(routes)
-    openapi.install(app, [ChatCompletionRequest, completions.CompletionRequest, feedback.FeedbackRequest])
+    bodies: list[type[BaseModel]] = [
+        ChatCompletionRequest,
+        completions.CompletionRequest,
+        EmbeddingRequest,
+        feedback.FeedbackRequest,
+    ]
+    openapi.install(app, bodies)
     return app
 
 

@@ -1,5 +1,6 @@
 """OpenAI's routes: ``POST /v1/chat/completions`` (``serving.api.chat``), ``POST /v1/completions``
-(``serving.api.completions``), streamed as server-sent events or answered whole, and ``GET /v1/models``."""
+(``serving.api.completions``), streamed as server-sent events or answered whole, ``POST /v1/embeddings``
+(``serving.pipeline.embeddings``) and ``GET /v1/models``."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ from fastapi.responses import Response
 from core.errors import NotFoundError
 from serving.api import chat, completions
 from serving.api.admission import admit, answer, gateway, runtime, sse
+from serving.api.body import read_json
 from serving.api.http import REQUEST_ID
 from serving.engines.router import ServedModel
+from serving.pipeline import embeddings
 from serving.pipeline.gateway import Gateway
 from serving.wire import openapi, responses
+from serving.wire.embeddings import EmbeddingRequest
 from serving.wire.protocol import ChatCompletionRequest
 
 router = APIRouter()
@@ -51,6 +55,21 @@ async def text_completions(request: Request) -> Response:
     if req.stream:
         return sse(completions.sse(gw, req, calls[0]), headers)
     return await answer(request, gw, calls, completions.complete(gw, req, calls), headers)
+
+
+@router.post(
+    "/v1/embeddings",
+    tags=["openai"],
+    response_model=None,
+    responses=openapi.answers(openapi.EmbeddingList, openapi.BODY_ERRORS),
+    openapi_extra=openapi.body(EmbeddingRequest, streams=False),
+)
+async def create_embeddings(request: Request) -> dict[str, Any]:
+    gw = gateway(request)
+    key = await gw.authenticate(request.headers.get("authorization"))
+    gw.check_rate(key)
+    req, texts = embeddings.parse(gw, await read_json(request, gw.cfg.limits))
+    return await embeddings.embed(gw, key, req, texts)
 
 
 @router.get(

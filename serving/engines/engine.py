@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 from core.machine import BF16_ISA_CLASSES, isa_class
 from core.quantized import compute_dtype
 from serving.config import Dtype, EngineSettings
+from serving.wire.errors import bad_request
 
 log = logging.getLogger("lifecycle.serving")
 
@@ -51,6 +52,7 @@ class GenerationRequest:
     adapter: Adapter | None = None
     logprobs: int | None = None  # top candidates per generated token (0: the sampled token's own only); None: off
     prompt_logprobs: int | None = None  # the same for every prompt token (the first has none); None: off
+    json_schema: dict[str, Any] | None = None  # structured outputs: the text is JSON valid under it (tool calls)
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,7 @@ class VllmEngine:
         self.started_s: float | None = None
 
     def start(self) -> VllmEngine:
+        from vllm.config.structured_outputs import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -174,6 +177,9 @@ class VllmEngine:
             max_lora_rank=s.max_lora_rank,
             seed=s.seed,
             served_model_name=engine_label(self.key),  # vLLM labels its metrics with it: the folder path otherwise
+            # tool calls as compact JSON (a model free to write whitespace in a grammar may write nothing else), on
+            # xgrammar: the backend the gateway checks tool schemas with before a request reaches the engine
+            structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         )
         if s.max_model_len:
             args.max_model_len = s.max_model_len
@@ -214,7 +220,7 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.lora.request import LoRARequest
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if self.state != "ready":
@@ -231,6 +237,11 @@ class VllmEngine:
             logprobs=request.logprobs,
             prompt_logprobs=request.prompt_logprobs,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=(
+                StructuredOutputsParams(json=request.json_schema, disable_any_whitespace=True)
+                if request.json_schema
+                else None
+            ),
         )
         adapter = request.adapter
         lora = LoRARequest(adapter.name, adapter.id, str(adapter.path)) if adapter else None
@@ -253,6 +264,10 @@ class VllmEngine:
                     _logprobs(piece.token_ids, piece.logprobs) if request.logprobs is not None else (),
                     _prompt_logprobs(out) if request.prompt_logprobs is not None else None,
                 )
+        except ValueError as exc:  # vLLM's input checks (a grammar its backend cannot build): the client's input
+            if request.json_schema is None or rid in self._running:
+                raise
+            raise bad_request(f"the engine cannot follow the tools' schema: {exc}"[:500], param="tools") from None
         except EngineDeadError as exc:
             self._state = "dead"
             raise EngineDead(f"engine {self.key[:12]} died: {exc}") from exc

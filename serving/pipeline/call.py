@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from serving.engines.brownout import BrownoutDecision
 from serving.engines.engine import TokenLogprob
@@ -49,6 +50,7 @@ class Call:
     http_status: int = 200  # what the client was told: a stream failing after its 200 carries its error's status
     want_logprobs: int | None = None  # text completions: top candidates per generated token (None: no logprobs)
     want_prompt_logprobs: int | None = None  # text completions with echo: the same for the prompt's tokens
+    json_schema: dict[str, Any] | None = None  # chat with a named or required tool choice: the reply's JSON schema
     logprobs: list[TokenLogprob] = field(default_factory=list)  # per generated token, when the request asked
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     finished: bool = False

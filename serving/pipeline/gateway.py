@@ -58,7 +58,7 @@ from serving.pipeline.limits import RateLimiter
 from serving.pipeline.metrics import ServingMetrics
 from serving.pipeline.recorder import Recorder
 from serving.pipeline.selection import Selection
-from serving.pipeline.shadow import Embedder, MiniLmEmbedder, PrimaryResult, ShadowMirror
+from serving.pipeline.shadow import MiniLmEmbedder, PrimaryResult, ShadowMirror, TokenizingEmbedder
 from serving.safety.filters import SafetyFilters
 from serving.safety.verdict import FilterVerdict
 from serving.state.review import ReviewItem, ReviewQueue
@@ -89,7 +89,7 @@ class Gateway:
         limiter: RateLimiter,
         filters: SafetyFilters,
         metrics: ServingMetrics | None = None,
-        embedder: Embedder | None = None,
+        embedder: TokenizingEmbedder | None = None,
         review: ReviewQueue | None = None,
     ) -> None:
         self.cfg = cfg
@@ -99,9 +99,8 @@ class Gateway:
         self.filters = filters
         self.metrics = metrics or ServingMetrics()
         self.faults = Faults(cfg.faults)
-        self.shadow = ShadowMirror(
-            cfg.shadow, store, filters.scorer, self.metrics, self.faults, embedder or MiniLmEmbedder()
-        )
+        self.embedder = embedder or MiniLmEmbedder()  # the shadow's similarity and /v1/embeddings share it
+        self.shadow = ShadowMirror(cfg.shadow, store, filters.scorer, self.metrics, self.faults, self.embedder)
         self.cost = CostMeter(cfg.cost, self.metrics)
         self.recorder = Recorder(cfg, store, limiter, self.metrics, self.cost)
         self.review = review  # high-stakes classifier blocks for people to look at (serving.state.review)
@@ -216,8 +215,9 @@ class Gateway:
             assigned=assigned,
             new_conversation=new_conversation,
             shadow=route.shadow if route_kind in SHADOWED_ROUTES else None,
-            prompt_text=_last_user(new_messages),
+            prompt_text=next((m["content"] for m in reversed(new_messages) if m["role"] == "user"), ""),
             context_turns=len(history) + len(new_messages),
+            json_schema=req.tool_schema(),
         )
         call.safety_classifier = verdict.classifier if verdict is not None else None
         if self.refuse(call, verdict):
@@ -266,7 +266,10 @@ class Gateway:
 
     def reserve(self, call: Call, want: int) -> None:
         """Reserve ``want`` tokens (prompt + max_tokens) of the key's per-minute budget, or refuse with a 429."""
-        key = call.key
+        call.reserved_tokens += self.reserve_tokens(call.key, want)
+
+    def reserve_tokens(self, key: ApiKey | None, want: int) -> int:
+        """``want`` tokens of the key's per-minute budget reserved (what was reserved: 0 without a key), or a 429."""
         if key is not None:
             tpm = key.tokens_per_minute or self.cfg.api_keys.tokens_per_minute
             decision = self.limiter.reserve_tokens(key.id, tpm, want)
@@ -281,7 +284,8 @@ class Gateway:
                 if decision.never:  # waiting cannot help: no Retry-After
                     raise APIError(429, why, type="rate_limit_error", code="request_too_large")
                 raise rate_limited(why, decision.retry_after_s, code="rate_limit_tokens")
-            call.reserved_tokens += want
+            return want
+        return 0
 
     async def _start_conversation(self, call: Call) -> None:
         """A requested new conversation exists only once the request is accepted: a refused request leaves none."""
@@ -321,6 +325,7 @@ class Gateway:
             adapter=call.served.adapter,
             logprobs=call.want_logprobs,
             prompt_logprobs=call.want_prompt_logprobs,
+            json_schema=call.json_schema,
         )
         if call.shadow is not None:  # mirrored in the background: never awaited, never shown
             call.shadow_run = self.shadow.start(call.request_id, call.started, call.served.ref, greq, call.shadow)
@@ -401,10 +406,10 @@ class Gateway:
         self,
         call: Call,
         opening: list[dict[str, Any]],
-        event: Callable[[str], dict[str, Any]],
+        event: Callable[[str], dict[str, Any] | None],
         closing: Callable[[], Awaitable[list[dict[str, Any]]]],
     ) -> AsyncIterator[bytes]:
-        """One request as SSE: ``opening`` events, one ``event(piece)`` per released piece, ``closing()`` events,
+        """One request as SSE: ``opening`` events, ``event(piece)`` per released piece, ``closing()`` events,
         ``data: [DONE]``. A failure after the 200 ends the stream with an error event and ``[DONE]``."""
 
         def frame(obj: dict[str, Any]) -> bytes:
@@ -416,7 +421,8 @@ class Gateway:
                 yield frame(obj)
             try:
                 async for piece in pieces:
-                    yield frame(event(piece))
+                    if (made := event(piece)) is not None:  # None: held back (a tool call is sent when complete)
+                        yield frame(made)
                 tail = await closing()
             except Exception as exc:  # after the 200 an error can only be an event: never a dropped connection
                 error = exc if isinstance(exc, APIError) else self.crashed(call, exc)
@@ -488,8 +494,3 @@ class Gateway:
         while self._background or self.shadow.running:
             await asyncio.gather(*list(self._background), return_exceptions=True)
             await self.shadow.drain()
-
-
-def _last_user(messages: list[dict[str, str]]) -> str:
-    users = [m["content"] for m in messages if m["role"] == "user"]
-    return users[-1] if users else ""

@@ -105,10 +105,14 @@ class Recorder:
 
     def give_back(self, call: Call) -> None:
         """Return a reservation whole (a request refused after it reserved, before it generated anything)."""
-        if call.key is not None and call.reserved_tokens:
-            tpm = call.key.tokens_per_minute or self.cfg.api_keys.tokens_per_minute
-            self.limiter.reconcile(call.key.id, tpm, call.reserved_tokens, 0)
-            call.reserved_tokens = 0
+        self.give_back_tokens(call.key, call.reserved_tokens)
+        call.reserved_tokens = 0
+
+    def give_back_tokens(self, key: ApiKey | None, reserved: int) -> None:
+        """Return ``reserved`` tokens to the key's per-minute budget (work that never ran)."""
+        if key is not None and reserved:
+            tpm = key.tokens_per_minute or self.cfg.api_keys.tokens_per_minute
+            self.limiter.reconcile(key.id, tpm, reserved, 0)
 
     def rejected(self, request_id: str, key: ApiKey | None, model: str, exc: APIError, started: float) -> None:
         """Requests refused before generation (401 excepted: no key, nothing to attribute) still leave a row.

@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 
 from core.embedding import Embedder
 from core.embedding import MiniLmEmbedder as MiniLmEmbedder  # re-exported: the gateway builds it from here
+from core.embedding import TokenizingEmbedder as TokenizingEmbedder
 from core.refusal import is_refusal
 from core.toxicity import ToxicityScorer
 from serving.config import ShadowConfig

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from serving.wire.embeddings import EmbeddingList
 from serving.wire.responses import (
     ChatCompletion,
     Completion,
@@ -36,6 +37,7 @@ __all__ = [
     "ConversationDeleted",
     "ConversationList",
     "ConversationOut",
+    "EmbeddingList",
     "FeedbackOut",
     "Health",
     "ModelList",

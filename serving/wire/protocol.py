@@ -1,8 +1,9 @@
 """OpenAI Chat Completions wire format: the request schema we accept and the response/chunk objects we send.
 
 Follows https://platform.openai.com/docs/api-reference/chat. Unknown request fields are ignored (as OpenAI-
-compatible servers do, so newer clients keep working); fields we cannot honour (``n`` > 1, tools, logprobs) are
-a 400 naming the field instead of being silently dropped. Values are checked where the client sent them, not
+compatible servers do, so newer clients keep working); fields we cannot honour (``n`` > 1, logprobs) are
+a 400 naming the field instead of being silently dropped. ``tools`` and ``tool_choice`` are OpenAI's function
+calling (``serving.wire.tools``). Values are checked where the client sent them, not
 where they would fail later: types are strict (``"stream": "yes"`` or ``1`` is a 422, not true; ``"n": "1"``
 or ``1.0`` is not an integer, ``false`` is not a number), ``seed`` fits a
 signed 64-bit integer, ``logit_bias`` values lie in [-100, 100] and its keys are token ids (checked against the
@@ -22,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 from serving.config import RequestLimits
 from serving.wire import responses
+from serving.wire import tools as function_calling
 from serving.wire.errors import bad_request, invalid
+from serving.wire.tools import ToolCall, ToolChoice, ToolDefinition
 
 NEW_CONVERSATION = "new"
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # what the engine's random generator takes
@@ -42,6 +45,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -51,8 +56,12 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
     def plain(self) -> dict[str, str]:
-        """The message as the chat template sees it (developer is the newer name of system)."""
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        """The message as the chat template sees it (developer is the newer name of system; an assistant turn's
+        tool calls as their hermes text, ``serving.wire.tools.render_calls``)."""
+        text = self.text()
+        if self.tool_calls:
+            text = "\n".join(part for part in (text, function_calling.render_calls(self.tool_calls)) if part)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
 class StreamOptions(BaseModel):
@@ -111,7 +120,11 @@ class ChatCompletionRequest(SamplingRequest):
         min_length=1, examples=[[{"role": "user", "content": "What is 2 + 2?"}]], description="The conversation."
     )
     max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list[Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required, or a named function."
+    )
+    parallel_tool_calls: StrictBool | None = None
     logprobs: StrictBool | None = None
     # --- our extension ---
     conversation_id: str | None = Field(
@@ -121,10 +134,25 @@ class ChatCompletionRequest(SamplingRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def tool_mode(self) -> str:
+        """none, auto, required or named (``serving.wire.tools``)."""
+        return function_calling.mode(self.tools, self.tool_choice)
+
+    def tool_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the reply is generated under (named and required tool choices), else None."""
+        return function_calling.schema(self.tools, self.tool_choice, self.parallel_tool_calls)
+
     def check_supported(self, limits: RequestLimits) -> None:
         self.check_sampling(limits)
-        if self.tools:
-            raise bad_request("tool calls are not supported by this model", param="tools")
+        try:
+            function_calling.check(self.tools, self.tool_choice)
+        except function_calling.ToolDeclarationError as exc:
+            raise bad_request(str(exc), param=exc.param) from None
+        for i, m in enumerate(self.messages):
+            if m.role == "tool" and not m.tool_call_id:
+                raise bad_request(
+                    "a tool message needs the tool_call_id it answers", param=f"messages.{i}.tool_call_id"
+                )
         if self.logprobs:
             raise bad_request("logprobs are not supported by this endpoint", param="logprobs")
         if len(self.messages) > limits.max_messages:
@@ -133,8 +161,8 @@ class ChatCompletionRequest(SamplingRequest):
                 code="too_many_messages",
                 param="messages",
             )
-        if not any(m.role == "user" for m in self.messages):
-            raise bad_request("the messages need at least one user turn to answer", param="messages")
+        if not any(m.role in ("user", "tool") for m in self.messages):  # a tool result is answered too
+            raise bad_request("the messages need at least one user (or tool) turn to answer", param="messages")
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> responses.Usage:
@@ -148,14 +176,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> responses.Usage:
 def completion(
     request_id: str,
     model: str,
-    text: str,
+    text: str | None,
     finish_reason: str | None,
     prompt_tokens: int,
     completion_tokens: int,
     conversation_id: str | None,
     created: int | None = None,
+    tool_calls: list[ToolCall] | None = None,
 ) -> dict[str, Any]:
     message = responses.ChatMessageOut(role="assistant", content=text)
+    if tool_calls:
+        message.tool_calls = tool_calls
     body = responses.ChatCompletion(
         id=request_id,
         object="chat.completion",
@@ -173,7 +204,7 @@ def chunk(
     request_id: str,
     model: str,
     created: int,
-    delta: dict[str, str],
+    delta: dict[str, Any],
     finish_reason: str | None = None,
     conversation_id: str | None = None,
 ) -> dict[str, Any]:
@@ -212,6 +243,13 @@ def validate(model: type[M], raw: dict[str, Any]) -> M:
         loc = list(first["loc"])
         if "[key]" in loc:  # a bad dict key: name the field, not the client's key
             loc = loc[: loc.index("[key]") - 1]
-        # field names and list indexes; not pydantic's names of union members ("list[constrained-str]")
-        param = ".".join(str(p) for p in loc if isinstance(p, int) or p.isidentifier() or p.isdigit())
+        # field names and list indexes; not pydantic's names of union members ("list[constrained-str]", "str")
+        param = ".".join(str(p) for p in loc if isinstance(p, int) or _field_name(p))
         raise invalid(f"Invalid request: {param}: {first['msg']}", param=param or None) from None
+
+
+def _field_name(part: str) -> bool:
+    return (part.isidentifier() and part not in _UNION_MEMBERS) or part.isdigit()
+
+
+_UNION_MEMBERS = frozenset({"str", "int", "float", "bool"})  # how pydantic names a union's plain members in a loc

@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from serving.wire.tools import ToolCall
+
 
 class ErrorObject(BaseModel):
     message: str
@@ -31,7 +33,8 @@ class Usage(BaseModel):
 
 class ChatMessageOut(BaseModel):
     role: str
-    content: str
+    content: str | None = Field(description="The reply's text; null when it is only tool calls.")
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -160,7 +163,7 @@ class Readiness(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int
-    delta: dict[str, str]
+    delta: dict[str, Any] = Field(description="role, content, or tool_calls (index, id, type, function)")
     logprobs: None
     finish_reason: str | None
 

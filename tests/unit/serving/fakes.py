@@ -354,8 +354,18 @@ class FakeScorer:
 
 
 class FakeEmbedder:
-    """An ``Embedder``: bag-of-words counts over a vocabulary grown as texts arrive (equal texts: cosine 1, no
-    shared word: 0); ``fail`` makes ``encode`` raise. Records every call."""
+    """A ``TokenizingEmbedder``: bag-of-words counts over a vocabulary grown as texts arrive (equal texts: cosine 1,
+    no shared word: 0); ``fail`` makes ``encode`` raise. Records every call. A text is one token per word plus two
+    (MiniLM's [CLS] and [SEP]); it reads at most ``MAX_TOKENS``."""
+
+    name = "all-MiniLM-L6-v2"
+    MAX_TOKENS = 16
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [len(t.split()) + 2 for t in texts]
+
+    def max_tokens(self) -> int:
+        return self.MAX_TOKENS
 
     def __init__(self, *, fail: bool = False) -> None:
         self.fail = fail

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Final, Literal
 
-QUANTIZED_DTYPE = "bfloat16"
+QUANTIZED_DTYPE: Final = "bfloat16"
 
 
-def compute_dtype(folder: Path) -> str | None:
+def compute_dtype(folder: Path) -> Literal["bfloat16"] | None:
     """``bfloat16`` for a compressed-tensors checkpoint, ``None`` (use the configured dtype) otherwise."""
     config = folder / "config.json"
     if not config.is_file():

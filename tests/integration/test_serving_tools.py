@@ -1,6 +1,6 @@
 """Function calling on the live gateway (the session's ``gateway``: a real vLLM engine and its structured outputs):
 the official openai client's tool loop, unmodified - a call the model makes, our tool run on its arguments, the tool
-message sent back, the final answer - streamed and not, with a named function. The tiny
+message sent back, the final answer - streamed and not, with a named function (and `required`, not streamed). The tiny
 model knows nothing of tools: the grammar alone makes its arguments parse and validate against the schema."""
 
 from __future__ import annotations
@@ -40,12 +40,18 @@ def _run(call: Any) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call.id, "content": json.dumps(get_weather(**arguments))}
 
 
-def test_the_openai_tool_loop_with_a_named_function(gateway: Gateway) -> None:
+def test_the_openai_tool_loop_with_a_named_function_and_required(gateway: Gateway) -> None:
     client = gateway.client()
-    for choice in (NAMED,):  # "required" is unit-tested (tests/unit/serving/test_tools.py)
+    for choice in (NAMED, "required"):  # required: an array of calls (one: parallel_tool_calls false)
         messages = list(QUESTION)
         first = client.chat.completions.create(
-            model="chat", messages=messages, tools=TOOLS, tool_choice=choice, max_tokens=48, temperature=0
+            model="chat",
+            messages=messages,
+            tools=TOOLS,
+            tool_choice=choice,
+            parallel_tool_calls=False,
+            max_tokens=128,
+            temperature=0,
         )
         message = first.choices[0].message
         assert first.choices[0].finish_reason == "tool_calls", (first.choices[0].message.content or "")[:400]

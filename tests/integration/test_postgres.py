@@ -176,10 +176,10 @@ def test_feedback_is_stored_on_its_row_and_read_for_curation_on_postgres(postgre
         assert (flat.rating, flat.prompt, flat.opted_in, flat.deleted) == (1, (("user", "hi"),), True, False)
         store.delete_conversation(key.id, conv.id)
         assert {f.response_id: f.deleted for f in store.training_feedback()} == {"req_conv": True, "req_flat": False}
-    with postgres.connect("serving_feedback") as conn:
+    with postgres.connect("serving_feedback") as conn:  # the deletion erased the comment; the rating stays
         assert conn.execute(
             "SELECT feedback_rating, feedback_comment FROM request_log WHERE request_id = 'req_conv'"
-        ).fetchone() == (-1, "terse")
+        ).fetchone() == (-1, None)
 
 
 def test_text_with_nul_characters_is_stored_on_postgres(postgres: PostgresCluster) -> None:

@@ -10,14 +10,11 @@ The decision itself is ``evals.gate.decide`` (pure); recording it is ``registry.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-
-import httpx
 
 from core.errors import NotFoundError
 from core.home import Home
@@ -31,13 +28,11 @@ from evals.runner import ModelTarget, UrlTarget, chat_model, run_eval
 from evals.sets import EvalSets, Suite, build_eval_sets
 from flows.config import LifecycleConfig
 from flows.stages import CANDIDATE, CHAMPION, open_registry
-from monitoring.alerts import EVAL_DROP, eval_drop_alert, eval_drops, post_alert
+from monitoring.alerts import eval_drop_alert, eval_drops, post_alert
 from registry.gate import GateRecord, record_gate
 from registry.store import REF_PATTERN, ModelVersion
 from training.data.snapshot import load_snapshot
 from training.model.modelio import merge_adapter
-
-log = logging.getLogger("lifecycle.gating")
 
 
 @dataclass(frozen=True)
@@ -336,8 +331,5 @@ def daily_drops(
     known = {k: d for k, d in directions.items() if d is not None}
     drops = eval_drops(previous, values, known, watch.eval_drop)
     if drops and watch.alertmanager_url:
-        try:
-            post_alert(watch.alertmanager_url, eval_drop_alert(mv.ref, drops, watch.eval_drop))
-        except httpx.HTTPError as exc:
-            log.warning("champion eval: could not post %s to %s: %s", EVAL_DROP, watch.alertmanager_url, exc)
+        post_alert(watch.alertmanager_url, eval_drop_alert(mv.ref, drops, watch.eval_drop))
     return drops

@@ -22,12 +22,9 @@ either way, goes to the decision log, the monitor run's tags and the registered 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-
-import httpx
 
 from core.embedding import Embedder, MiniLmEmbedder
 from core.errors import NotFoundError
@@ -36,7 +33,7 @@ from flows.config import LifecycleConfig
 from flows.curation import export_curated, snapshot_with_curated
 from flows.stages import CHAMPION, open_registry, open_serving_store
 from flows.summaries import MonitorResult
-from monitoring.alerts import DRIFT, drift_alert, post_alert
+from monitoring.alerts import drift_alert, post_alert
 from monitoring.drift import detect_drift
 from monitoring.drift_html import render_html
 from monitoring.retrain import ChampionState, RetrainDecision, RetrainRecord, Signals, decide_retrain
@@ -46,8 +43,6 @@ from registry.store import ModelVersion
 from serving.state.schema import RequestLogEntry
 from training.data.curated import CuratedStore
 from training.data.snapshot import Snapshot, load_snapshot
-
-log = logging.getLogger("lifecycle.signals")
 
 RETRAIN_TAG = "retrain.trigger"  # on a version trained because of a retrain decision: "drift"
 
@@ -142,10 +137,7 @@ def _post_drift_alert(cfg: LifecycleConfig, ref: str, reason: str) -> None:
     it on the champion; the drift report and its run stand whether or not Alertmanager takes it."""
     url = cfg.monitoring.watch.alertmanager_url
     if url:
-        try:
-            post_alert(url, drift_alert(ref, reason))
-        except httpx.HTTPError as exc:
-            log.warning("drift check: could not post %s to %s: %s", DRIFT, url, exc)
+        post_alert(url, drift_alert(ref, reason))
 
 
 # --- the retrain decision ---------------------------------------------------------------------------------------

@@ -10,11 +10,14 @@ check (``lifecycle monitor``, every 15 minutes, and the retrain check) posts Dri
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+
+log = logging.getLogger("lifecycle.alerts")
 
 EVAL_DROP = "ChampionEvalDrop"
 DRIFT = "DriftDetected"
@@ -62,6 +65,13 @@ def _alert(name: str, signal: str, model_version: str, summary: str, hours: floa
     }
 
 
-def post_alert(alertmanager_url: str, alert: Mapping[str, Any], timeout_s: float = 10) -> None:
-    """POST one alert to Alertmanager; raises httpx.HTTPError when it does not take it."""
-    httpx.post(alertmanager_url.rstrip("/") + "/api/v2/alerts", json=[alert], timeout=timeout_s).raise_for_status()
+def post_alert(alertmanager_url: str, alert: Mapping[str, Any], timeout_s: float = 10) -> bool:
+    """POST one alert to Alertmanager; False (and a warning logged) when it does not take it: the batch job that
+    raised it goes on, its own record (tags, report) stands."""
+    try:
+        url = alertmanager_url.rstrip("/") + "/api/v2/alerts"
+        httpx.post(url, json=[alert], timeout=timeout_s).raise_for_status()
+    except httpx.HTTPError as exc:
+        log.warning("could not post %s to %s: %s", alert["labels"]["alertname"], alertmanager_url, exc)
+        return False
+    return True

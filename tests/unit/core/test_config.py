@@ -80,7 +80,7 @@ def test_apply_overrides_creates_nested_keys_without_mutating() -> None:
         (
             "nonsense=1",
             "unknown key 'nonsense' (allowed here: base_model, bootstrap, data, evals, finetune, home, monitoring, "
-            "preference, registry, rollout, run, safety_classifier, schedule, serving, snapshot)",
+            "preference, quantize, registry, rollout, run, safety_classifier, schedule, serving, snapshot)",
         ),
     ],
 )

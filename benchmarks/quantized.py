@@ -106,16 +106,32 @@ def measure(label: str, folder: Path, settings: Any, args: argparse.Namespace) -
             )
             for p in PROMPTS
         ]
-        levels = [
-            asyncio.run(level(engine, prompts, n, args.rounds, args.max_tokens))
-            for n in map(int, args.levels.split(","))
-        ]
+
+        async def all_levels() -> list[dict[str, Any]]:  # one event loop: vLLM's output handler lives on it
+            return [
+                await level(engine, prompts, n, args.rounds, args.max_tokens) for n in map(int, args.levels.split(","))
+            ]
+
+        levels = asyncio.run(all_levels())
         dtype = str(engine._llm.model_config.dtype).removeprefix("torch.")
         rss = rss_mb()
     finally:
         engine.shutdown()
     weights = sum(p.stat().st_size for p in folder.glob("*.safetensors")) / 2**20
     return {"model": label, "dtype": dtype, "weights_mb": weights, "rss_mb": rss, "levels": levels}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The quantized version against its parent: each figure with its ratio to the parent's in this run."""
+    parent, child = results
+    head = f"| streams | metric | {parent['model']} ({parent['dtype']}) | {child['model']} ({child['dtype']}) | ratio |"
+    rows = [head, "|---|---|---|---|---|"]
+    for p, c in zip(parent["levels"], child["levels"], strict=True):
+        for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "tokens_per_s"):
+            rows.append(f"| {p['streams']} | {key} | {p[key]:.1f} | {c[key]:.1f} | {c[key] / p[key]:.2f} |")
+    for key in ("weights_mb", "rss_mb"):
+        rows.append(f"| - | {key} | {parent[key]:.0f} | {child[key]:.0f} | {child[key] / parent[key]:.2f} |")
+    return "\n".join(rows)
 
 
 def main() -> int:
@@ -150,6 +166,7 @@ def main() -> int:
     model_name = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")), "?")
     out = {"cpu": model_name, "load": os.getloadavg(), "method": child.lineage.get("method"), "results": results}
     print(json.dumps(out, indent=2))
+    print(table(results))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

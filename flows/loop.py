@@ -54,9 +54,11 @@ def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
     started, t0 = datetime.now(UTC), time.perf_counter()
     trained = train_flow(cfg, home)
     gated = evaluate_flow(cfg, home, f"{trained.model}/{trained.version}")
-    quantized = None
+    quantized, quantize_s = None, 0.0
     if gated.passed and cfg.quantize.enabled:  # a quantized variant, gated against the version just gated
+        q0 = time.perf_counter()
         variant = quantize_stage(cfg, home, f"{trained.model}/{trained.version}", flow_run_id=trained.flow_run_id)
+        quantize_s = time.perf_counter() - q0
         quantized = evaluate_flow(cfg, home, variant.ref)
     rolled = drift = retrained = None
     if gated.passed and cfg.run.rollout:
@@ -68,7 +70,7 @@ def lifecycle_run(cfg: LifecycleConfig, home: Home) -> RunSummary:
             if drift["retrain"] and cfg.run.retrain:
                 retrained = retrain_flow(cfg, home, drift["reasons"])
     summary = RunSummary(trained, gated, rolled, drift, retrained, time.perf_counter() - t0, started, run_environment())
-    summary.quantized = quantized
+    summary.quantized, summary.quantize_seconds = quantized, quantize_s
     path = report_card_path(home, started)
     path.parent.mkdir(parents=True, exist_ok=True)
     markdown = report_card(summary)

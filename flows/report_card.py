@@ -56,6 +56,10 @@ def report_card(run: RunSummary) -> str:
         "",
         *_gate_section(run.gate),
     ]
+    if run.quantized:
+        q = run.quantized
+        lines += ["", f"## {q.model}/{q.version}, quantized from {run.train.model}/{run.train.version}, against it", ""]
+        lines += _gate_section(q)
     if run.retrain:
         lines += ["", f"## {run.retrain.train.model}/{run.retrain.train.version} against the gate", ""]
         lines += _gate_section(run.retrain.gate)
@@ -101,6 +105,10 @@ def _stage_rows(run: RunSummary) -> list[str]:
     stages.append(
         (f"gate ({run.gate.model}/{run.gate.version}, its champion and references evaluated)", run.gate.seconds)
     )
+    if run.quantized:
+        q = run.quantized
+        stages.append((f"quantize into {q.model}/{q.version}", run.quantize_seconds))
+        stages.append((f"gate ({q.model}/{q.version} against its parent)", q.seconds))
     if run.rollout:
         stages.append(("gateway start, simulated users, shadow and canary rollout", run.rollout.seconds))
     if run.drift:

@@ -114,6 +114,7 @@ class RunSummary:
     environment: RunEnvironment | None = None
     report_card: str | None = None  # reports/run-<time>/report.md under the home, once written
     quantized: GateSummary | None = None  # quantize.enabled: the quantized variant's gate against the version
+    quantize_seconds: float = 0.0  # quantize.enabled: the quantize stage (the variant made and registered)
 
 
 @dataclass(frozen=True)

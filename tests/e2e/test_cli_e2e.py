@@ -60,8 +60,19 @@ def test_run_trains_registers_gates_promotes_and_reuses_work(home: Path) -> None
     assert drift["retrain"] is False and summary["retrain"] is None, drift["summary"]
     assert Path(drift["drift"]["html"]).is_file()
 
-    # (the rerun skips the drift window: the first run covered it, and CI time is better spent elsewhere)
-    again = lifecycle("run", "--config", NORMAL, "--json", "--set", "run.drift_check=false", home=home)
+    # (the rerun skips the drift window: the first run covered it, and CI time is better spent elsewhere; it runs
+    # the loop's quantize step instead: a W8A8 variant of the gated version, gated against it)
+    again = lifecycle(
+        "run",
+        "--config",
+        NORMAL,
+        "--json",
+        "--set",
+        "run.drift_check=false",
+        "--set",
+        "quantize.enabled=true",
+        home=home,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     rerun = json.loads(again.stdout)
     assert rerun["train"]["base_model"] == train["base_model"]
@@ -72,6 +83,14 @@ def test_run_trains_registers_gates_promotes_and_reuses_work(home: Path) -> None
     assert rerun["gate"]["metrics"] == gate["metrics"]  # the stored eval report was reused
     assert rerun["rollout"]["outcome"] == "unchanged"  # already champion: nothing to roll out
     assert rerun["drift"] is None
+    variant = rerun["quantized"]
+    assert (variant["model"], variant["version"], variant["champion"]) == ("chat", "2", "chat/1"), variant
+    assert set(variant["seconds_per_suite"]) == {"quality", "toxicity", "safety", "over_refusal"}
+    assert (Path(variant["report_dir"]) / "champion_report.json").is_file()  # the parent, on the same items
+    card = Path(rerun["report_card"]).read_text()
+    assert "## chat/2, quantized from chat/1, against it" in card and "| quantize into chat/2 |" in card
+    quantized = json.loads(lifecycle("lineage", "chat", "2", "--json", home=home).stdout)["lineage"]
+    assert (quantized["kind"], quantized["parent"], quantized["method"]) == ("quantized", "chat/1", "rtn-W8A8")
 
     lineage = lifecycle("lineage", "chat", "1", "--json", home=home)
     assert lineage.returncode == 0, lineage.stderr

@@ -157,6 +157,17 @@ def test_a_retrain_gets_its_own_result_gate_table_and_champion() -> None:
     assert row(card, "| retrained version") == f"| retrained version | chat/3 on snapshot `{'a' * 16}` |"
 
 
+def test_a_quantized_variant_gets_its_stage_times_and_its_gate_against_its_parent() -> None:
+    variant = replace(gate(version="3"), champion="chat/2", seconds=40.5)
+    card = report_card(run(quantized=variant, quantize_seconds=12.25, seconds=600.0))
+    assert row(card, "| quantize into chat/3").split(" | ")[1] == "12.2"
+    assert row(card, "| gate (chat/3 against its parent)").split(" | ")[1] == "40.5"
+    assert "## chat/3, quantized from chat/2, against it" in card
+    stages = 2.0 + 221.6 + 96.4 + 3.0 + 28.8 + 51.7 + 12.25 + 40.5 + 84.0 + 5.1
+    assert row(card, "| the rest").split(" | ")[1] == f"{600.0 - stages:.1f}"
+    assert "quantize" not in report_card(run())
+
+
 def test_a_champion_the_run_did_not_replace_is_named_as_kept() -> None:
     kept = rollout("rolled-back")
     kept.aliases["champion"] = "1"

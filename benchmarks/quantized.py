@@ -10,7 +10,9 @@ EOS so every request writes the same number of tokens), ``--rounds`` rounds per 
 the time to the first token, TPOT the time per output token after it (per request), tokens/s the output tokens
 of a round over its wall time; p50/p99 are over every request of every round. Memory: the safetensors bytes and
 the engine process tree's resident set (RSS) after the run, with the KV cache space fixed by
-``VLLM_CPU_KVCACHE_SPACE`` and the same for both.
+``VLLM_CPU_KVCACHE_SPACE`` and the same for all. The parent runs in the served precision and, when that is not
+bf16, in bf16 as well: the quantized kernels take bf16 activations only, so the bf16 parent separates what int8
+weights buy from what bf16 buys.
 """
 
 from __future__ import annotations
@@ -122,15 +124,22 @@ def measure(label: str, folder: Path, settings: Any, args: argparse.Namespace) -
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """The quantized version against its parent: each figure with its ratio to the parent's in this run."""
-    parent, child = results
-    head = f"| streams | metric | {parent['model']} ({parent['dtype']}) | {child['model']} ({child['dtype']}) | ratio |"
-    rows = [head, "|---|---|---|---|---|"]
-    for p, c in zip(parent["levels"], child["levels"], strict=True):
+    """The quantized version (last) against its parent in each precision measured (first: the served one), each
+    figure with its ratio to theirs in this run."""
+    *parents, child = results
+    cols = [f"{r['model']} ({r['dtype']})" for r in results]
+    ratios = [f"ratio to {p['dtype']}" for p in parents]
+    rows = ["| streams | metric | " + " | ".join(cols + ratios) + " |", "|---" * (2 + len(cols) + len(ratios)) + "|"]
+
+    def line(streams: object, key: str, values: list[float], fmt: str) -> str:
+        cells = [format(v, fmt) for v in values] + [f"{values[-1] / v:.2f}" for v in values[:-1]]
+        return f"| {streams} | {key} | " + " | ".join(cells) + " |"
+
+    for i, lv in enumerate(child["levels"]):
         for key in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "tokens_per_s"):
-            rows.append(f"| {p['streams']} | {key} | {p[key]:.1f} | {c[key]:.1f} | {c[key] / p[key]:.2f} |")
+            rows.append(line(lv["streams"], key, [r["levels"][i][key] for r in results], ".1f"))
     for key in ("weights_mb", "rss_mb"):
-        rows.append(f"| - | {key} | {parent[key]:.0f} | {child[key]:.0f} | {child[key] / parent[key]:.2f} |")
+        rows.append(line("-", key, [r[key] for r in results], ".0f"))
     return "\n".join(rows)
 
 
@@ -159,9 +168,12 @@ def main() -> int:
 
     child = open_registry(cfg, home).get(args.name, args.version)
     parent_ref = child.lineage["parent"]
-    results = []
-    for ref in (parent_ref, child.ref):
-        results.append(measure(ref, eval_target(cfg, home, ref)[1].folder, cfg.serving.engine, args))
+    served = cfg.serving.engine
+    runs = [(parent_ref, served)]
+    if served.dtype != "bfloat16":  # the quantized kernels run in bf16: the parent in bf16 too isolates int8's share
+        runs.append((parent_ref, served.model_copy(update={"dtype": "bfloat16"})))
+    runs.append((child.ref, served))
+    results = [measure(ref, eval_target(cfg, home, ref)[1].folder, settings, args) for ref, settings in runs]
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")), "?")
     out = {"cpu": model_name, "load": os.getloadavg(), "method": child.lineage.get("method"), "results": results}

@@ -1,5 +1,6 @@
 """The self-replies stage on a real vLLM engine and the tiny base model: the derived snapshot's replies are the
-engine's greedy replies, its test split is the source's byte for byte, and a second call starts no engine."""
+engine's greedy replies, its test split is the source's byte for byte, the eval sets and the pair snapshot build
+from it, and a second call starts no engine."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from core.home import Home
 from evals.runner import engine_placement
 from flows import stages
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
+from flows.gating import eval_sets_stage
+from flows.preference import pair_snapshot_stage
 from training.data.records import normalize_text
 from training.data.self_replies import stored_record
 from training.data.snapshot import Snapshot
@@ -77,6 +80,13 @@ def test_the_derived_snapshot_holds_the_engines_greedy_replies_and_is_found_agai
         assert new["messages"][-1]["content"] == normalize_text(text) and finish == "stop"
         assert new["messages"][:-1] == old["messages"][:-1] and new["metadata"] == old["metadata"]
         assert new["metadata"]["skill"] in ("borderline", "formatting")
+
+    # what the gate and the preference stage read of the version's snapshot: the same eval items (the phrasing-leak
+    # check included) and a pair snapshot held out from them
+    sets, source_sets = (eval_sets_stage(cfg, session_home, s.hash) for s in (derived, tiny_snapshot))
+    assert sets.manifest["snapshot"] == derived.hash and sets.manifest["content"] == source_sets.manifest["content"]
+    pairs = pair_snapshot_stage(cfg, session_home, derived.hash, feedback=False)
+    assert pairs.manifest["provenance"]["chat_snapshot"] == derived.hash and pairs.manifest["counts"]["train"] > 0
 
     def no_engine(*args: object) -> None:
         raise AssertionError("the second call started an engine")

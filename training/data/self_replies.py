@@ -13,11 +13,12 @@ generated reply, and the manifest counts it by reason.
 The result is a snapshot like any other (content-addressed, same prompts and splits) whose manifest names
 ``derived_from`` (the source snapshot's hash) and a ``self_replies`` block: the derivation key (source hash, base
 weights hash, generation settings), the settings, and what was replaced and kept. A derivation with the same key
-finds that snapshot and starts no engine.
+finds that snapshot (``<snapshots>/.self-replies/<key>`` holds its hash) and starts no engine.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -26,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from core.errors import NotFoundError
 from core.hashing import sha256_json
 from core.refusal import is_refusal
 from training.config import SelfRepliesConfig
@@ -35,13 +37,13 @@ from training.data.snapshot import (
     SPLITS,
     Record,
     Snapshot,
-    list_snapshots,
     load_snapshot,
     snapshot_hash,
     store_snapshot,
 )
 
 VERSION = 1  # of the derivation rule: part of the key, so a changed rule derives anew
+INDEX = ".self-replies"  # under the snapshots folder: derivation key -> derived snapshot hash
 REPLACED_SPLITS = ("train", "validation")
 Messages = list[dict[str, str]]
 
@@ -114,12 +116,30 @@ def verdict(reply: Generated) -> str | None:
     return None
 
 
+def _index(root: Path, key: str) -> Path:
+    """Where the hash of the snapshot a derivation made is kept: two keys can make the same records (a higher
+    ``max_tokens`` when no reply was cut), and the snapshot's manifest names only the first."""
+    return root / INDEX / key
+
+
 def find_derived(root: Path, key: str) -> Snapshot | None:
     """The derived snapshot made with ``key``, if one is stored under ``root``."""
-    for snap in list_snapshots(root):
-        if snap.manifest.get("self_replies", {}).get("key") == key:
-            return snap
-    return None
+    index = _index(root, key)
+    if not index.is_file():
+        return None
+    try:
+        return load_snapshot(root, index.read_text(encoding="utf-8").strip())
+    except NotFoundError:  # the snapshot was deleted: derive again
+        return None
+
+
+def _remember(root: Path, key: str, snapshot: Snapshot) -> Snapshot:
+    index = _index(root, key)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index.with_name(f".{key}.{os.getpid()}")
+    tmp.write_text(snapshot.hash + "\n", encoding="utf-8")
+    tmp.replace(index)
+    return snapshot
 
 
 def stored_record(obj: dict[str, Any]) -> ChatRecord:
@@ -168,7 +188,7 @@ def derive_snapshot(
     derived: dict[str, list[Record]] = {s: sorted(splits[s], key=lambda r: r.content_hash) for s in SPLITS}
     digest = snapshot_hash(derived, CHAT)
     manifest = derived_manifest(source, digest, key, base_hash, generation, replaced, kept)
-    return store_snapshot(root, digest, derived, manifest)
+    return _remember(root, key, store_snapshot(root, digest, derived, manifest))
 
 
 def derived_manifest(

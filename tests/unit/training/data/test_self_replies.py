@@ -46,7 +46,6 @@ class FakeBase:
         self.asked: list[Messages] = []
 
     def greedy(self, conversations: Sequence[Messages], max_tokens: int) -> list[Reply]:
-        assert max_tokens == CFG.max_tokens
         self.asked += conversations
         user = [c[-1]["content"] for c in conversations]
         return [self.special.get(u, Reply(f"base says: {u}")) for u in user]
@@ -156,6 +155,26 @@ def test_the_same_inputs_find_the_derived_snapshot_without_an_engine(source: Sna
     assert again.hash == first.hash
     assert derive(first).hash == first.hash  # a derived snapshot as the source: derived from its own source
     assert len(list_snapshots(source.path.parent)) == 2
+
+
+def test_settings_that_make_the_same_records_find_that_snapshot_too(source: Snapshot) -> None:
+    """A higher max_tokens where no reply was cut: the same records, so the same snapshot, found by either key."""
+    first = derive(source, FakeBase())
+    longer = CFG.model_copy(update={"max_tokens": 64})
+    assert derive(source, FakeBase(), cfg=longer).hash == first.hash
+    assert derive(source, cfg=longer).hash == derive(source).hash == first.hash  # no engine either time
+    assert first.manifest["self_replies"]["generation"]["max_tokens"] == CFG.max_tokens  # the first key's manifest
+
+
+def test_a_deleted_derived_snapshot_is_derived_again(source: Snapshot) -> None:
+    first = derive(source, FakeBase())
+    first.path.chmod(0o700)
+    for f in first.path.iterdir():
+        f.chmod(0o600)
+        f.unlink()
+    first.path.rmdir()
+    again = FakeBase()
+    assert derive(source, again).hash == first.hash and again.asked
 
 
 def test_another_base_or_setting_derives_anew(source: Snapshot) -> None:

@@ -1,6 +1,6 @@
 """The self-replies stage on a real vLLM engine and the tiny base model: the derived snapshot's replies are the
 engine's greedy replies, its test split is the source's byte for byte, the eval sets and the pair snapshot build
-from it, and a second call starts no engine."""
+from it, and a second call starts no engine; the train flow then fine-tunes on it and names it in the lineage."""
 
 from __future__ import annotations
 
@@ -94,3 +94,19 @@ def test_the_derived_snapshot_holds_the_engines_greedy_replies_and_is_found_agai
     monkeypatch.setattr(stages, "chat_model", no_engine)
     assert stages.self_replies_stage(cfg, session_home, tiny_snapshot, tiny_base_model).hash == derived.hash
     assert stages.self_replies_stage(cfg, session_home, derived, tiny_base_model).hash == derived.hash
+
+
+def test_the_train_flow_fine_tunes_on_the_derived_snapshot_and_names_it_in_the_lineage(
+    cfg: LifecycleConfig,
+    session_home: Home,
+    tiny_snapshot: Snapshot,
+    tiny_base_model: ModelFolder,
+    prefect_harness: None,
+) -> None:
+    from flows.train import train_flow
+
+    derived = stages.self_replies_stage(cfg, session_home, tiny_snapshot, tiny_base_model)
+    flow_cfg = cfg.model_copy(update={"base_model": str(tiny_base_model.path)})
+    summary = train_flow(flow_cfg, session_home)
+    assert summary.snapshot == summary.lineage["snapshot"] == derived.hash
+    assert list(summary.seconds)[:3] == ["snapshot", "base_model", "self_replies"]

@@ -63,15 +63,12 @@ class GreedyChat(Protocol):
 
 
 @dataclass(frozen=True)
-class Target:
-    """One record whose reply the base model gives: where it sits and the prompt it answers."""
+class Chosen:
+    """A record whose reply the base model gives: its split, its place in the split and its skill."""
 
     split: str
     index: int
     skill: str
-
-    def key(self) -> tuple[str, int]:
-        return self.split, self.index
 
 
 def settings(cfg: SelfRepliesConfig, dtype: str) -> dict[str, Any]:
@@ -91,12 +88,12 @@ def derivation_key(source: str, base_hash: str, generation: dict[str, Any]) -> s
     return sha256_json({"source": source, "base": base_hash, "generation": generation})
 
 
-def targets(splits: dict[str, list[ChatRecord]], cfg: SelfRepliesConfig) -> list[Target]:
+def choose(splits: dict[str, list[ChatRecord]], cfg: SelfRepliesConfig) -> list[Chosen]:
     """The train and validation records of the listed skills, train first in snapshot order, at most
     ``max_records``."""
     wanted = set(cfg.skills)
     found = [
-        Target(split, i, str(r.metadata.get("skill")))
+        Chosen(split, i, str(r.metadata.get("skill")))
         for split in REPLACED_SPLITS
         for i, r in enumerate(splits[split])
         if r.metadata.get("skill") in wanted
@@ -104,7 +101,7 @@ def targets(splits: dict[str, list[ChatRecord]], cfg: SelfRepliesConfig) -> list
     return found[: cfg.max_records]
 
 
-def verdict(reply: Generated) -> str | None:
+def unusable(reply: Generated) -> str | None:
     """Why a generated reply is not used (``empty``, ``truncated``, ``refusal``), or None when it is."""
     text = normalize_text(reply.text)
     if not text:
@@ -171,16 +168,16 @@ def derive_snapshot(
     if found := find_derived(root, key):
         return found
     splits = {split: [stored_record(r) for r in source.records(split)] for split in SPLITS}
-    chosen = targets(splits, cfg)
+    chosen = choose(splits, cfg)
     if not chosen:
         return source
     with open_chat() as chat:
         prompts = [[{"role": m.role, "content": m.content} for m in splits[t.split][t.index].prompt] for t in chosen]
         replies = chat.greedy(prompts, cfg.max_tokens)
     kept: Counter[str] = Counter()
-    replaced: list[Target] = []
+    replaced: list[Chosen] = []
     for t, reply in zip(chosen, replies, strict=True):
-        if reason := verdict(reply):
+        if reason := unusable(reply):
             kept[reason] += 1
             continue
         splits[t.split][t.index] = _replaced(splits[t.split][t.index], normalize_text(reply.text))
@@ -197,7 +194,7 @@ def derived_manifest(
     key: str,
     base_hash: str,
     generation: dict[str, Any],
-    replaced: list[Target],
+    replaced: list[Chosen],
     kept: Counter[str],
 ) -> dict[str, Any]:
     """The derived snapshot's manifest: the source's counts, splits and limits (same records and prompts), plus

@@ -18,11 +18,11 @@ from training.config import FinetuneConfig, PreferenceConfig, SelfRepliesConfig,
 from training.data.self_replies import (
     GreedyChat,
     Messages,
+    choose,
     derivation_key,
     derive_snapshot,
     settings,
     stored_record,
-    targets,
 )
 from training.data.snapshot import SPLITS, Snapshot, build_snapshot, list_snapshots
 from training.finetune.launch import train_key
@@ -197,13 +197,13 @@ def test_another_base_or_setting_derives_anew(source: Snapshot) -> None:
 
 def test_max_records_caps_the_replaced_records_train_first(source: Snapshot) -> None:
     typed = {s: [stored_record(r) for r in source.records(s)] for s in SPLITS}
-    every = targets(typed, CFG)
+    every = choose(typed, CFG)
     assert {t.split for t in every} == {"train", "validation"}
     assert all(typed[t.split][t.index].metadata["skill"] in CFG.skills for t in every)
     assert len(every) == sum(
         1 for s in ("train", "validation") for r in typed[s] if r.metadata["skill"] in ("formatting", "borderline")
     )
-    capped = targets(typed, CFG.model_copy(update={"max_records": 3}))
+    capped = choose(typed, CFG.model_copy(update={"max_records": 3}))
     assert capped == every[:3] and {t.split for t in capped} == {"train"}
 
 

@@ -2,7 +2,8 @@
 
 - ``VllmChat``: one batched ``LLM.chat`` call per suite on an in-process vLLM engine (continuous batching; LoRA
   versions as a ``LoRARequest`` on their base engine). Each request carries its own seed, so a sampled
-  completion depends only on (seed, item, sample), not on batch composition.
+  completion depends only on (seed, item, sample), not on batch composition. ``greedy`` also says whether each
+  reply ended on its own (the self-replies stage drops replies cut at ``max_tokens``).
 - ``OpenAIChat``: any OpenAI-compatible endpoint through the official client, requests in parallel; ``seed`` is
   passed and honoured by vLLM-based servers.
 
@@ -33,6 +34,12 @@ class ChatModel(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finished: bool  # ended on its own (a stop token), not cut at max_tokens
+
+
 class VllmChat:
     def __init__(self, llm: Any, lora_request: Any | None = None) -> None:
         self.llm = llm
@@ -55,6 +62,17 @@ class VllmChat:
             list(conversations), sampling_params=params, lora_request=self.lora_request, use_tqdm=False
         )
         return [[c.text for c in out.outputs] for out in outputs]
+
+    def greedy(self, conversations: Sequence[Messages], max_tokens: int) -> list[Completion]:
+        """One greedy reply per conversation, and whether it ended before ``max_tokens`` (the self-replies stage:
+        ``training/data/self_replies.py``)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        outputs = self.llm.chat(
+            list(conversations), sampling_params=params, lora_request=self.lora_request, use_tqdm=False
+        )
+        return [Completion(out.outputs[0].text, out.outputs[0].finish_reason == "stop") for out in outputs]
 
 
 class OpenAIChat:

@@ -134,10 +134,11 @@ def _vllm_lm(cfg: EvalConfig, target: ModelTarget) -> Iterator[tuple[Any, ChatMo
 
 
 @contextmanager
-def chat_model(cfg: EvalConfig, target: ModelTarget) -> Iterator[ChatModel]:
-    """A vLLM engine on ``target`` as a ``ChatModel`` (the eval engine's settings), shut down on exit."""
-    with _vllm_lm(cfg, target) as (_, chat):
-        yield chat
+def chat_model(cfg: EvalConfig, target: ModelTarget) -> Iterator[VllmChat]:
+    """A vLLM engine on ``target`` as a ``ChatModel`` with ``greedy`` (the eval engine's settings), shut down on
+    exit."""
+    with _vllm_lm(cfg, target) as (lm, _):
+        yield VllmChat(lm.model, lm.lora_request)
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from flows.summaries import GateSummary, RolloutSummary, RunSummary, TrainSummar
 TRAIN_STAGES = {
     "snapshot": "data snapshot",
     "base_model": "base model (tokenizer + pretraining, or found)",
+    "self_replies": "self-replies (the base model's own replies, generated or found)",
     "finetune": "fine-tune (DeepSpeed ranks, export check)",
     "register": "register (MLflow)",
     "preference": "preference stage (pairs, reference pass, DPO, export check, register)",

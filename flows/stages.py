@@ -1,4 +1,5 @@
-"""The stage adapters the flows and the CLI call (no Prefect here): data, base model, fine-tune, registration, and
+"""The stage adapters the flows and the CLI call (no Prefect here): data, base model, self-replies, fine-tune,
+registration, and
 the two handles every later stage opens, the registry and the serving database.
 
 Each function takes the root config and the home folder, calls one stage's core function, and returns its typed
@@ -15,6 +16,7 @@ from core.config import dump_yaml
 from core.hashing import sha256_json
 from core.home import Home
 from core.provenance import git_sha
+from evals.runner import ModelTarget, chat_model
 from flows.config import LifecycleConfig
 from registry.lineage import Lineage, register, register_base_model
 from registry.store import REF_PATTERN, MlflowRegistry, ModelVersion
@@ -22,6 +24,7 @@ from serving.runtime import ServeSpec, database_url
 from serving.state.store import ServingStore
 from training.config import SFT_PARENT
 from training.data.dataset import make_snapshot
+from training.data.self_replies import derive_snapshot
 from training.data.snapshot import Snapshot, load_snapshot, source_files
 from training.finetune.launch import TrainResult, finetune, resolve_deepspeed_config, train_key
 from training.model.bootstrap import bootstrap
@@ -105,6 +108,25 @@ def base_model_stage(
         return _base_folder(cfg, home)
     assert snapshot is not None, "bootstrapping a base model needs the snapshot it learns from"
     return bootstrap(cfg.bootstrap, snapshot, home.base_models, progress=progress)
+
+
+def self_replies_stage(cfg: LifecycleConfig, home: Home, snapshot: Snapshot, base: ModelFolder) -> Snapshot:
+    """The snapshot the fine-tune trains on: with ``finetune.self_replies.enabled`` the one derived from
+    ``snapshot`` with the base model's own replies (generated once on the eval engine's vLLM settings, then
+    found), else ``snapshot`` itself."""
+    spec = cfg.finetune.self_replies
+    if not spec.enabled:
+        return snapshot
+
+    target = ModelTarget(label=f"base {base.path.name}", model_id=base.identity, folder=base.path)
+    return derive_snapshot(
+        snapshot,
+        spec,
+        base_hash=base.identity,
+        dtype=cfg.evals.engine.dtype,
+        root=home.snapshots,
+        open_chat=lambda: chat_model(cfg.evals, target),
+    )
 
 
 def _base_identity(base: ModelFolder) -> dict[str, str]:

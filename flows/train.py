@@ -1,5 +1,7 @@
-"""The ``train`` flow: snapshot -> base model -> fine-tune -> register, then with ``preference.enabled`` pair
-snapshot -> DPO -> register the aligned version (``lifecycle train``, and the loop's first step).
+"""The ``train`` flow: snapshot -> base model -> (self-replies) -> fine-tune -> register, then with
+``preference.enabled`` pair snapshot -> DPO -> register the aligned version (``lifecycle train``, and the loop's
+first step). With ``finetune.self_replies.enabled`` the fine-tune trains on the snapshot derived with the base
+model's own replies (``training/data/self_replies.py``), and that snapshot is the version's ``lineage.snapshot``.
 
     lifecycle train                                    # SFT, then the preference stage on top (the default)
     lifecycle train --set preference.enabled=false     # SFT only
@@ -46,6 +48,21 @@ def base_model_task(cfg: LifecycleConfig, home: Home, snapshot: Snapshot) -> Mod
     model = stages.base_model_stage(cfg, home, snapshot)
     get_run_logger().info("base model %s", model.path)
     return model
+
+
+@task(name="self-replies")
+def self_replies_task(cfg: LifecycleConfig, home: Home, snapshot: Snapshot, base: ModelFolder) -> Snapshot:
+    derived = stages.self_replies_stage(cfg, home, snapshot, base)
+    info = derived.manifest.get("self_replies", {})
+    get_run_logger().info(
+        "self-replies: snapshot %s from %s, %s base replies, %s kept generated %s",
+        derived.short,
+        snapshot.short,
+        info.get("replaced", {}).get("total", 0),
+        info.get("kept", {}).get("total", 0),
+        info.get("kept", {}).get("by_reason", {}),
+    )
+    return derived
 
 
 @task(name="register-base")
@@ -163,6 +180,9 @@ def train_flow(
     seconds["snapshot"], t = time.perf_counter() - t, time.perf_counter()
     base = base_model_task(cfg, home, snap)
     seconds["base_model"], t = time.perf_counter() - t, time.perf_counter()
+    if cfg.finetune.self_replies.enabled:
+        snap = self_replies_task(cfg, home, snap, base)
+        seconds["self_replies"], t = time.perf_counter() - t, time.perf_counter()
     base_version = register_base_task(cfg, home, base, run_id)
     result = finetune_task(cfg, home, snap, base)
     seconds["finetune"], t = time.perf_counter() - t, time.perf_counter()

@@ -216,6 +216,34 @@ class DistributedConfig(StrictModel):
         return self.world_size * self.nnodes
 
 
+DEFAULT_SELF_REPLY_SKILLS: tuple[Skill, ...] = ("borderline", "formatting", "provocation")
+
+
+class SelfRepliesConfig(StrictModel):
+    """Self-distillation of a pretrained base: the SFT data's helpful replies become the base model's own."""
+
+    enabled: bool = Field(
+        False,
+        description="Replace the final assistant reply of the listed skills' train and validation records with the "
+        "base model's own greedy reply (a derived snapshot, stage self-replies), so SFT teaches refusals while the "
+        "helpful answers stay the base's own. For a pretrained assistant base; a bootstrapped base has none.",
+    )
+    skills: list[Skill] = Field(
+        default_factory=lambda: list(DEFAULT_SELF_REPLY_SKILLS),
+        description="Records whose metadata.skill is listed get the base's reply; every other record (refusals of "
+        "harmful requests above all) keeps its generated reply.",
+    )
+    max_tokens: int = Field(
+        160,
+        ge=1,
+        description="Most tokens of a generated reply; a reply cut at this length is not used (the record keeps "
+        "its generated reply), as training on it would teach the model to stop mid-sentence.",
+    )
+    max_records: int | None = Field(
+        None, ge=1, description="Replace at most this many records (train first, in snapshot order); null: all."
+    )
+
+
 class FinetuneConfig(StrictModel):
     method: Literal["lora", "full"] = Field("full", description="LoRA adapters (peft) or full fine-tuning.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings (method=lora).")
@@ -256,6 +284,10 @@ class FinetuneConfig(StrictModel):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="Ranks and launcher.")
     equivalence_atol: float = Field(
         1e-4, gt=0, description="Largest logit difference allowed between the training model and its export."
+    )
+    self_replies: SelfRepliesConfig = Field(
+        default_factory=SelfRepliesConfig,
+        description="Train on the base model's own replies to the listed skills' prompts (stage self-replies).",
     )
 
 
@@ -345,6 +377,8 @@ class PreferenceConfig(StrictModel):
             raise ValueError("preference.train.method must be full (an adapter's base would be the SFT parent)")
         if self.train.packing:
             raise ValueError("preference.train.packing must be false (each pair's replies are scored whole)")
+        if self.train.self_replies.enabled:
+            raise ValueError("preference.train.self_replies must be off (the SFT stage's data, finetune.self_replies)")
         return self
 
 

@@ -281,6 +281,13 @@ def build_snapshot(
     if problems:
         manifest["rejected"]["report"] = str(_write_report(problems, reports))
 
+    return store_snapshot(root, digest, splits, manifest)
+
+
+def store_snapshot(root: Path, digest: str, splits: Mapping[str, list[Record]], manifest: dict[str, Any]) -> Snapshot:
+    """Write ``splits`` (sorted, hashed to ``digest`` by the caller) and ``manifest`` (the files' hashes added) as
+    the immutable folder ``root/digest``, atomically; an identical build that got there first wins."""
+    final = root / digest
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=root))
     try:

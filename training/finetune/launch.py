@@ -142,7 +142,8 @@ def train_key(cfg: FinetuneConfig, snapshot: Snapshot, base: ModelFolder, object
     key: dict[str, Any] = {
         "snapshot": snapshot.hash,
         "base": base.identity,
-        "config": cfg.model_dump(mode="json"),
+        # self_replies shaped the snapshot, whose hash is here: a run's key stays what it was without the stage
+        "config": cfg.model_dump(mode="json", exclude={"self_replies"}),
         "deepspeed": ds,
     }
     if objective is not None:

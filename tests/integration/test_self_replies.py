@@ -1,0 +1,112 @@
+"""The self-replies stage on a real vLLM engine and the tiny base model: the derived snapshot's replies are the
+engine's greedy replies, its test split is the source's byte for byte, the eval sets and the pair snapshot build
+from it, and a second call starts no engine; the train flow then fine-tunes on it and names it in the lineage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support.helpers import engine_overrides
+
+from core.home import Home
+from evals.runner import engine_placement
+from flows import stages
+from flows.config import CONFIG_DIR, LifecycleConfig, load_config
+from flows.gating import eval_sets_stage
+from flows.preference import pair_snapshot_stage
+from training.data.records import normalize_text
+from training.data.self_replies import stored_record
+from training.data.snapshot import Snapshot
+from training.model.modelio import ModelFolder
+
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def cfg() -> LifecycleConfig:
+    return load_config(
+        CONFIG_DIR / "tiny.yaml",
+        [
+            *engine_overrides(),
+            "finetune.self_replies.enabled=true",
+            "finetune.self_replies.skills=[borderline, formatting]",
+            f"finetune.self_replies.max_tokens={MAX_TOKENS}",
+            "finetune.self_replies.max_records=6",
+        ],
+    )
+
+
+def greedy(folder: str, prompts: list[Any], dtype: Any) -> list[tuple[str, str]]:
+    """The engine's own greedy replies, on a plain ``vllm.LLM`` (not the stage's wrapper)."""
+    from vllm import LLM, SamplingParams
+
+    with engine_placement(in_process=True):
+        llm = LLM(model=folder, dtype=dtype, seed=0, enforce_eager=True)
+        try:
+            out = llm.chat(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS), use_tqdm=False)
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+    return [(o.outputs[0].text, str(o.outputs[0].finish_reason)) for o in out]
+
+
+def test_the_derived_snapshot_holds_the_engines_greedy_replies_and_is_found_again(
+    cfg: LifecycleConfig,
+    session_home: Home,
+    tiny_snapshot: Snapshot,
+    tiny_base_model: ModelFolder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    derived = stages.self_replies_stage(cfg, session_home, tiny_snapshot, tiny_base_model)
+    info = derived.manifest["self_replies"]
+    assert derived.manifest["derived_from"] == tiny_snapshot.hash
+    assert info["base_weights_hash"] == tiny_base_model.identity
+    assert info["selected"] == 6 == info["replaced"]["total"] + info["kept"]["total"]
+    assert derived.split_path("test").read_bytes() == tiny_snapshot.split_path("test").read_bytes()
+
+    source: dict[str, Any] = {
+        stored_record(r).prompt_key: r for s in ("train", "validation") for r in tiny_snapshot.records(s)
+    }
+    changed = [
+        (r, source[stored_record(r).prompt_key])
+        for s in ("train", "validation")
+        for r in derived.records(s)
+        if r != source[stored_record(r).prompt_key]
+    ]
+    assert len(changed) == info["replaced"]["total"] >= 2, info
+    prompts = [r["messages"][:-1] for r, _ in changed]
+    expected = greedy(str(tiny_base_model.path), prompts, cfg.evals.engine.dtype)
+    for (new, old), (text, finish) in zip(changed, expected, strict=True):
+        assert new["messages"][-1]["content"] == normalize_text(text) and finish == "stop"
+        assert new["messages"][:-1] == old["messages"][:-1] and new["metadata"] == old["metadata"]
+        assert new["metadata"]["skill"] in ("borderline", "formatting")
+
+    # what the gate and the preference stage read of the version's snapshot: the same eval items (the phrasing-leak
+    # check included) and a pair snapshot held out from them
+    sets, source_sets = (eval_sets_stage(cfg, session_home, s.hash) for s in (derived, tiny_snapshot))
+    assert sets.manifest["snapshot"] == derived.hash and sets.manifest["content"] == source_sets.manifest["content"]
+    pairs = pair_snapshot_stage(cfg, session_home, derived.hash, feedback=False)
+    assert pairs.manifest["provenance"]["chat_snapshot"] == derived.hash and pairs.manifest["counts"]["train"] > 0
+
+    def no_engine(*args: object) -> None:
+        raise AssertionError("the second call started an engine")
+
+    monkeypatch.setattr(stages, "chat_model", no_engine)
+    assert stages.self_replies_stage(cfg, session_home, tiny_snapshot, tiny_base_model).hash == derived.hash
+    assert stages.self_replies_stage(cfg, session_home, derived, tiny_base_model).hash == derived.hash
+
+
+def test_the_train_flow_fine_tunes_on_the_derived_snapshot_and_names_it_in_the_lineage(
+    cfg: LifecycleConfig,
+    session_home: Home,
+    tiny_snapshot: Snapshot,
+    tiny_base_model: ModelFolder,
+    prefect_harness: None,
+) -> None:
+    from flows.train import train_flow
+
+    derived = stages.self_replies_stage(cfg, session_home, tiny_snapshot, tiny_base_model)
+    flow_cfg = cfg.model_copy(update={"base_model": str(tiny_base_model.path)})
+    summary = train_flow(flow_cfg, session_home)
+    assert summary.snapshot == summary.lineage["snapshot"] == derived.hash
+    assert list(summary.seconds)[:3] == ["snapshot", "base_model", "self_replies"]

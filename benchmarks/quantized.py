@@ -179,6 +179,13 @@ def main() -> int:
     out = {"cpu": model_name, "load": os.getloadavg(), "method": child.lineage.get("method"), "results": results}
     print(json.dumps(out, indent=2))
     print(table(results))
+    folder = home.reports / "gates" / f"{child.name}-{child.version}"
+    if folder.is_dir():  # beside the version's gate report: accuracy there, serving cost here (a re-gate clears it)
+        (folder / "serving_benchmark.json").write_text(json.dumps(out, indent=2) + "\n")
+        (folder / "serving_benchmark.md").write_text(
+            f"# {child.ref} against {parent_ref}: serving\n\n{model_name}, load {out['load'][0]:.1f}, "
+            f"{args.max_tokens} tokens a request, {args.rounds} rounds a level\n\n{table(results)}\n"
+        )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0

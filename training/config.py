@@ -236,8 +236,13 @@ class SelfRepliesConfig(StrictModel):
     max_tokens: int = Field(
         160,
         ge=1,
-        description="Most tokens of a generated reply; a reply cut at this length is not used (the record keeps "
-        "its generated reply), as training on it would teach the model to stop mid-sentence.",
+        description="Most tokens of a generated reply (a reply cut at this length: cut_replies).",
+    )
+    cut_replies: Literal["last_sentence", "drop"] = Field(
+        "last_sentence",
+        description="A reply cut at max_tokens: trimmed to its last complete sentence (dropped when that leaves "
+        "under 40 characters), or dropped (the record keeps its generated reply). Never trained on mid-sentence. "
+        "With drop and 160 tokens, 192 of SmolLM2's 427 helpful replies were dropped (docs/results.md).",
     )
     max_records: int | None = Field(
         None, ge=1, description="Replace at most this many records (train first, in snapshot order); null: all."

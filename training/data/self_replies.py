@@ -7,8 +7,10 @@ Fine-tuning a pretrained assistant on the generator's short templated replies ov
 of every train and validation record is replaced by the base model's greedy reply to exactly the messages SFT
 sees before it (its chat template and default system prompt applied by the engine); every other record, the
 refusals of harmful requests above all, keeps its generated reply, and the test split is copied byte for byte.
-A reply that is empty, cut at ``max_tokens`` or a refusal (``core.refusal``) is not used: the record keeps its
-generated reply, and the manifest counts it by reason.
+A reply cut at ``max_tokens`` is trimmed back to its last complete sentence (``cut_replies: last_sentence``; the
+base's helpful answers are often longer than the budget, and a dropped one leaves the generator's templated reply
+in place); a reply that is empty, a refusal (``core.refusal``), or cut with no complete sentence to keep is not
+used: the record keeps its generated reply, and the manifest counts it by reason.
 
 The result is a snapshot like any other (content-addressed, same prompts and splits) whose manifest names
 ``derived_from`` (the source snapshot's hash) and a ``self_replies`` block: the derivation key (source hash, base
@@ -19,6 +21,7 @@ finds that snapshot (``<snapshots>/.self-replies/<key>`` holds its hash) and sta
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -43,6 +46,9 @@ from training.data.snapshot import (
 )
 
 VERSION = 1  # of the derivation rule: part of the key, so a changed rule derives anew
+# a sentence ends at . ! ? after a letter or a closing mark (not "1." of a list), or at a line break
+SENTENCE_END = re.compile(r"(?<=[^\W\d_]|[)\]\"'%*])[.!?](?=\s|$)|\n")
+MIN_KEPT_CHARS = 40  # a cut reply trimmed to less than this is not used
 INDEX = ".self-replies"  # under the snapshots folder: derivation key -> derived snapshot hash
 REPLACED_SPLITS = ("train", "validation")
 Messages = list[dict[str, str]]
@@ -77,6 +83,7 @@ def settings(cfg: SelfRepliesConfig, dtype: str) -> dict[str, Any]:
         "skills": sorted(cfg.skills),
         "max_tokens": cfg.max_tokens,
         "max_records": cfg.max_records,
+        "cut_replies": cfg.cut_replies,
         "temperature": 0.0,
         "dtype": dtype,
         "rule": VERSION,
@@ -101,16 +108,27 @@ def choose(splits: dict[str, list[ChatRecord]], cfg: SelfRepliesConfig) -> list[
     return found[: cfg.max_records]
 
 
-def unusable(reply: Generated) -> str | None:
-    """Why a generated reply is not used (``empty``, ``truncated``, ``refusal``), or None when it is."""
+def last_sentence(text: str) -> str | None:
+    """``text`` up to the end of its last complete sentence, or None when that leaves under ``MIN_KEPT_CHARS``."""
+    ends = [m.end() for m in SENTENCE_END.finditer(text)]
+    kept = text[: ends[-1]].rstrip() if ends else ""
+    return kept if len(kept) >= MIN_KEPT_CHARS else None
+
+
+def usable(reply: Generated, cut_replies: str) -> tuple[str | None, str | None]:
+    """(the text to train on, None) or (None, why not: ``empty``, ``truncated``, ``refusal``). A reply cut at
+    ``max_tokens`` is trimmed to its last complete sentence with ``cut_replies == "last_sentence"``."""
     text = normalize_text(reply.text)
     if not text:
-        return "empty"
+        return None, "empty"
     if not reply.finished:
-        return "truncated"
+        trimmed = last_sentence(text) if cut_replies == "last_sentence" else None
+        if trimmed is None:
+            return None, "truncated"
+        text = trimmed
     if is_refusal(text):
-        return "refusal"
-    return None
+        return None, "refusal"
+    return text, None
 
 
 def _index(root: Path, key: str) -> Path:
@@ -176,15 +194,18 @@ def derive_snapshot(
         replies = chat.greedy(prompts, cfg.max_tokens)
     kept: Counter[str] = Counter()
     replaced: list[Chosen] = []
+    trimmed = 0
     for t, reply in zip(chosen, replies, strict=True):
-        if reason := unusable(reply):
-            kept[reason] += 1
+        text, reason = usable(reply, cfg.cut_replies)
+        if text is None:
+            kept[reason or "empty"] += 1
             continue
-        splits[t.split][t.index] = _replaced(splits[t.split][t.index], normalize_text(reply.text))
+        trimmed += not reply.finished
+        splits[t.split][t.index] = _replaced(splits[t.split][t.index], text)
         replaced.append(t)
     derived: dict[str, list[Record]] = {s: sorted(splits[s], key=lambda r: r.content_hash) for s in SPLITS}
     digest = snapshot_hash(derived, CHAT)
-    manifest = derived_manifest(source, digest, key, base_hash, generation, replaced, kept)
+    manifest = derived_manifest(source, digest, key, base_hash, generation, replaced, kept, trimmed)
     return _remember(root, key, store_snapshot(root, digest, derived, manifest))
 
 
@@ -196,6 +217,7 @@ def derived_manifest(
     generation: dict[str, Any],
     replaced: list[Chosen],
     kept: Counter[str],
+    trimmed: int = 0,
 ) -> dict[str, Any]:
     """The derived snapshot's manifest: the source's counts, splits and limits (same records and prompts), plus
     ``derived_from`` and the ``self_replies`` block."""
@@ -217,6 +239,7 @@ def derived_manifest(
                 "total": len(replaced),
                 "by_split": dict(sorted(Counter(t.split for t in replaced).items())),
                 "by_skill": dict(sorted(Counter(t.skill for t in replaced).items())),
+                "trimmed_to_last_sentence": trimmed,
             },
             "kept": {"total": sum(kept.values()), "by_reason": dict(sorted(kept.items()))},
         },

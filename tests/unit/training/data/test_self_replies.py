@@ -21,6 +21,7 @@ from training.data.self_replies import (
     choose,
     derivation_key,
     derive_snapshot,
+    last_sentence,
     settings,
     stored_record,
 )
@@ -147,6 +148,38 @@ def test_manifest_names_its_source_the_base_the_settings_and_what_was_replaced(s
     kept = {prompt_key(r): r["messages"][-1]["content"] for r in derived.records("train")}
     for r in train[:3]:
         assert kept[prompt_key(r)] == r["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        (
+            "Boil the water in a big pot, then salt it well. Then add the pasta and stir it for a min",
+            "Boil the water in a big pot, then salt it well.",
+        ),
+        (
+            "Steps to follow for a good result:\n1. Preheat the oven.\n2. Mix the",
+            "Steps to follow for a good result:\n1. Preheat the oven.",
+        ),
+        ("Here are three options that work well:\n1. Tea\n2.", "Here are three options that work well:\n1. Tea"),
+        ("Short. And then it goes on and on without an end", None),  # under 40 characters kept
+        ("no sentence ends anywhere in this reply at all, it just", None),
+    ],
+)
+def test_a_cut_reply_is_trimmed_to_its_last_complete_sentence(text: str, kept: str | None) -> None:
+    assert last_sentence(text) == kept
+
+
+def test_a_cut_reply_trains_trimmed_or_is_dropped_as_configured(source: Snapshot) -> None:
+    train = [r for r in source.records("train") if r["metadata"]["skill"] in CFG.skills]
+    long_cut = "Wash the pan with warm water and soap. Dry it well before you store it. Then"
+    fake = FakeBase({train[0]["messages"][-2]["content"]: Reply(long_cut, finished=False)})
+    replies = {prompt_key(r): r["messages"][-1]["content"] for r in derive(source, fake).records("train")}
+    assert replies[prompt_key(train[0])] == "Wash the pan with warm water and soap. Dry it well before you store it."
+    info = derive(source, fake).manifest["self_replies"]
+    assert info["replaced"]["trimmed_to_last_sentence"] == 1 and info["kept"]["total"] == 0
+    dropped = derive(source, fake, cfg=CFG.model_copy(update={"cut_replies": "drop"})).manifest["self_replies"]
+    assert dropped["kept"]["by_reason"] == {"truncated": 1} and dropped["replaced"]["trimmed_to_last_sentence"] == 0
 
 
 def test_the_same_inputs_find_the_derived_snapshot_without_an_engine(source: Snapshot) -> None:

@@ -396,9 +396,19 @@ class SafetyClassifierConfig(StrictModel):
     )
     seed: int = Field(0, description="Seed of the solver.")
     c: float = Field(1.0, gt=0, description="Inverse L2 strength of the logistic regression.")
+    features: Literal["static", "encoder"] = Field(
+        "encoder",
+        description="Sentence features of the classifier (core.harm): 'encoder' runs MiniLM's first encoder_layers "
+        "layers in NumPy, mean pooled; 'static' averages per-token vectors (token_table). 'encoder' is the default "
+        "because it measured higher harmful recall and human-slice catch within the false-block budgets, at a "
+        "one-thread p99 under 10 ms (docs/results.md, 'The safety classifier').",
+    )
+    encoder_layers: int = Field(
+        2, ge=1, le=6, description="MiniLM layers (of 6) the 'encoder' features run: each adds ~1-3 ms a prompt."
+    )
     token_table: Literal["contextual", "input"] = Field(
         "contextual",
-        description="Token vectors of the static embedding: MiniLM's output for each token alone (better, ~30 s "
+        description="Token vectors of the 'static' features: MiniLM's output for each token alone (better, ~30 s "
         "once per machine, cached) or its input embeddings (instant; tests).",
     )
     risky_weight: float = Field(

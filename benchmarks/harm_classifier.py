@@ -6,7 +6,8 @@ Latency: ``judge_turns`` (what the gateway's pre-filter calls) on one thread, pe
 interleaved prompt by prompt over the human slice and the test split's prompts (``--repeat`` passes), p50 and p99
 of each and the candidate/baseline ratio. Catch: blocked counts per kind and harm category (Wilson 95% interval)
 on the hand-written human slice (``evals/harm_human.yaml``) and, with ``--snapshot``, on a harm snapshot's test split.
-Each version uses the threshold it was registered with.
+Each version uses the threshold it was registered with; either folder format loads (``static`` or ``encoder``
+features, ``core.harm``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # the tokenizer's threads: one, like one request's
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # the encoder's matmuls: one thread too
+    os.environ.setdefault(_var, "1")
 
 from core.harm import HarmClassifier  # noqa: E402
 from evals.harm import load_human_slice  # noqa: E402
@@ -77,7 +80,10 @@ def main() -> None:
     if args.snapshot:
         manifest = json.loads((args.snapshot / "manifest.json").read_text(encoding="utf-8"))
         test = list(Snapshot(manifest["hash"], args.snapshot, manifest).records("test"))
-    report: dict[str, object] = {"threshold": {n: c.threshold for n, c in clfs.items()}}
+    report: dict[str, object] = {
+        "format": {n: c.meta["format"] for n, c in clfs.items()},
+        "threshold": {n: c.threshold for n, c in clfs.items()},
+    }
     for name, clf in clfs.items():
         report[f"{name}/human"] = catch(clf, human)
         if test:

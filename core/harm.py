@@ -79,6 +79,9 @@ class _WordPieces:
     def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
         raise NotImplementedError
 
+    def pool_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        return np.stack([self.pool(ids) for ids in seqs])
+
     @property
     def dim(self) -> int:
         raise NotImplementedError
@@ -127,8 +130,17 @@ class EncoderEmbedder(_WordPieces):
         return HIDDEN
 
     def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
-        ids = self.head_and_tail(ids, ENCODER_MAX_TOKENS - 2)
-        return self.encoder.encode(np.concatenate([[self.cls_sep[0]], ids, [self.cls_sep[1]]]).astype(np.int64))
+        return self.pool_many([ids])[0]
+
+    def pool_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        """One encoder pass for all of ``seqs`` (``judge_turns``' newest turn and the joined ones together)."""
+        cls_id, sep_id = self.cls_sep
+        return self.encoder.encode_many(
+            [
+                np.concatenate([[cls_id], self.head_and_tail(ids, ENCODER_MAX_TOKENS - 2), [sep_id]]).astype(np.int64)
+                for ids in seqs
+            ]
+        )
 
 
 Embedder = StaticEmbedder | EncoderEmbedder
@@ -195,10 +207,8 @@ class HarmClassifier:
         """The newest of ``turns`` alone, and the newest ``context`` of them joined (a request split over
         turns), each turn tokenized once: the more harmful of the two."""
         ids = [self.embedder.ids(t) for t in turns[-context:]]
-        rows = [self.embedder.pool(ids[-1])]
-        if len(ids) > 1:
-            rows.append(self.embedder.pool(np.concatenate(ids)))
-        return max(self._scores(self._softmax(np.stack(rows))), key=lambda s: s.score)
+        seqs = [ids[-1], np.concatenate(ids)] if len(ids) > 1 else [ids[-1]]
+        return max(self._scores(self._softmax(self.embedder.pool_many(seqs))), key=lambda s: s.score)
 
     def blocks(self, score: HarmScore) -> bool:
         return score.score >= self.threshold

@@ -99,15 +99,19 @@ class _Layer:
         self.down, self.down_b = dense("output.dense.weight"), get("output.dense.bias")
         self.ln2 = get("output.LayerNorm.weight"), get("output.LayerNorm.bias")
 
-    def __call__(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
+    def __call__(self, x: NDArray[np.float32], spans: list[tuple[int, int]]) -> NDArray[np.float32]:
+        """``x``: the rows of one or more sequences packed together, ``spans`` their (start, end): the dense layers
+        read the weights once for all of them, attention stays within each span."""
         n = x.shape[0]
         qkv = (x @ self.qkv + self.qkv_b).reshape(n, 3, HEADS, HIDDEN // HEADS).transpose(1, 2, 0, 3)
-        q, k, v = qkv[0], qkv[1], qkv[2]  # (heads, n, head size) each
-        scores = q @ k.transpose(0, 2, 1)
-        scores -= scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores)
-        p /= p.sum(axis=-1, keepdims=True)
-        ctx = (p @ v).transpose(1, 0, 2).reshape(n, HIDDEN)
+        ctx = np.empty((n, HIDDEN), dtype=np.float32)
+        for a, b in spans:
+            q, k, v = qkv[0, :, a:b], qkv[1, :, a:b], qkv[2, :, a:b]  # (heads, tokens, head size) each
+            scores = q @ k.transpose(0, 2, 1)
+            scores -= scores.max(axis=-1, keepdims=True)
+            p = np.exp(scores)
+            p /= p.sum(axis=-1, keepdims=True)
+            ctx[a:b] = (p @ v).transpose(1, 0, 2).reshape(b - a, HIDDEN)
         x = _layer_norm(ctx @ self.out + self.out_b + x, *self.ln1)
         return _layer_norm(_gelu(x @ self.up + self.up_b) @ self.down + self.down_b + x, *self.ln2)
 
@@ -150,13 +154,26 @@ class MiniLmEncoder:
 
     def hidden(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
         """(len(ids), 384) hidden states after the last layer; ``ids`` with [CLS]/[SEP] already in place."""
-        x = _layer_norm(self.word[ids] + self.position[: len(ids)], *self.ln)
+        return self._packed([ids])[0]
+
+    def _packed(self, seqs: list[NDArray[np.int64]]) -> tuple[NDArray[np.float32], list[tuple[int, int]]]:
+        ends = np.cumsum([len(s) for s in seqs])
+        spans = [(int(e - len(s)), int(e)) for s, e in zip(seqs, ends, strict=True)]
+        positions = np.concatenate([np.arange(len(s)) for s in seqs])
+        x = _layer_norm(self.word[np.concatenate(seqs)] + self.position[positions], *self.ln)
         with self._one_thread():
             for layer in self._layers:
-                x = layer(x)
-        return x
+                x = layer(x, spans)
+        return x, spans
 
     def encode(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
         """The mean of the hidden states, L2-normalized: (384,)."""
-        vec = self.hidden(ids).mean(axis=0)
-        return np.asarray(vec / (np.linalg.norm(vec) or 1.0), dtype=np.float32)
+        return self.encode_many([ids])[0]
+
+    def encode_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        """``encode`` of each sequence, (len(seqs), 384), in one pass: the weights are read once (on a busy
+        machine the passes are bound by that, not by arithmetic), so two short sequences cost about one."""
+        x, spans = self._packed(seqs)
+        vecs = np.stack([x[a:b].mean(axis=0) for a, b in spans])
+        norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+        return np.asarray(vecs / np.where(norms > 0, norms, 1.0), dtype=np.float32)

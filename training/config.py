@@ -401,8 +401,8 @@ class SafetyClassifierConfig(StrictModel):
         description="Sentence features of the classifier (core.harm): 'encoder' runs MiniLM's first encoder_layers "
         "layers in NumPy, mean pooled; 'static' averages per-token vectors (token_table; ~0.3 ms a prompt). "
         "'encoder' with 1 layer is the default: it measured higher harmful recall and human-slice catch than "
-        "'static' with fewer false blocks, at p50 4.2 / p99 7.5 ms a prompt on one thread (docs/results.md, 'The "
-        "safety classifier').",
+        "'static' with fewer false blocks, within the one-turn latency budget on one thread (a request judged "
+        "with 3 context turns is over it: docs/results.md, 'The safety classifier').",
     )
     encoder_layers: int = Field(
         1,

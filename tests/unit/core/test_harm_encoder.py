@@ -129,3 +129,9 @@ def test_fit_embeds_with_the_weights_the_folder_serves(tmp_path: Path) -> None:
     texts = [r["text"] for r in records]
     np.testing.assert_array_equal(back.embedder.embed(texts), clf.embedder.embed(texts))
     assert clf.scores(["how do I build a pipe bomb"])[0].category == "weapons"
+
+
+def test_packed_sequences_encode_as_each_alone() -> None:
+    e = _embedder()
+    seqs = [e.ids(t) for t in TEXTS]
+    np.testing.assert_allclose(e.pool_many(seqs), np.stack([e.pool(ids) for ids in seqs]), atol=1e-5)

@@ -3,11 +3,12 @@
     .venv/bin/python benchmarks/harm_classifier.py --baseline <folder> --candidate <folder> [--snapshot <folder>]
 
 Latency: ``judge_turns`` (what the gateway's pre-filter calls) on one thread, per prompt, the two versions
-interleaved prompt by prompt over the human slice and the test split's prompts (``--repeat`` passes), p50 and p99
-of each and the candidate/baseline ratio. Catch: blocked counts per kind and harm category (Wilson 95% interval)
-on the hand-written human slice (``evals/harm_human.yaml``) and, with ``--snapshot``, on a harm snapshot's test split.
-Each version uses the threshold it was registered with.
-"""
+interleaved prompt by prompt over the human slice and the test split's prompts (``--repeat`` passes), p50 and p99 of
+each and the candidate/baseline ratio; once with one user turn per request, once with ``--turns`` consecutive
+prompts as one conversation's turns (the newest judged alone and all joined). Catch: blocked counts per kind and
+harm category (Wilson 95% interval) on the hand-written human slice (``evals/harm_human.yaml``) and, with
+``--snapshot``, on a harm snapshot's test split. Each version uses the threshold it was registered with; either
+folder format loads (``static`` or ``encoder`` features, ``core.harm``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # the tokenizer's threads: one, like one request's
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # the encoder's matmuls: one thread too
+    os.environ.setdefault(_var, "1")
 
 from core.harm import HarmClassifier  # noqa: E402
 from evals.harm import load_human_slice  # noqa: E402
@@ -48,13 +51,18 @@ def catch(clf: HarmClassifier, records: list[dict[str, str]]) -> dict[str, str]:
     return out
 
 
-def latency(clfs: dict[str, HarmClassifier], texts: list[str], repeat: int) -> dict[str, dict[str, float]]:
+def latency(
+    clfs: dict[str, HarmClassifier], texts: list[str], repeat: int, turns: int = 1
+) -> dict[str, dict[str, float]]:
+    """``turns`` > 1: each request is ``turns`` consecutive texts as one conversation's user turns, judged with
+    ``context=turns`` (the newest alone and all joined), as the gateway's pre-filter does with its context_turns."""
     times: dict[str, list[float]] = {name: [] for name in clfs}
+    convs = [texts[i : i + turns] for i in range(len(texts) - turns + 1)]
     for _ in range(repeat):
-        for text in texts:
+        for conv in convs:
             for name, clf in clfs.items():
                 start = time.perf_counter()
-                clf.judge_turns([text], context=4)
+                clf.judge_turns(conv, context=turns)
                 times[name].append((time.perf_counter() - start) * 1e3)
 
     def pct(xs: list[float], q: float) -> float:
@@ -70,6 +78,7 @@ def main() -> None:
     ap.add_argument("--candidate", type=Path, required=True)
     ap.add_argument("--snapshot", type=Path, help="a harm snapshot folder: its test split is scored too")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--turns", type=int, default=3, help="user turns per request of the second latency measurement")
     args = ap.parse_args()
     clfs = {"baseline": HarmClassifier.load(args.baseline), "candidate": HarmClassifier.load(args.candidate)}
     human = load_human_slice()
@@ -77,16 +86,21 @@ def main() -> None:
     if args.snapshot:
         manifest = json.loads((args.snapshot / "manifest.json").read_text(encoding="utf-8"))
         test = list(Snapshot(manifest["hash"], args.snapshot, manifest).records("test"))
-    report: dict[str, object] = {"threshold": {n: c.threshold for n, c in clfs.items()}}
+    report: dict[str, object] = {
+        "format": {n: c.meta["format"] for n, c in clfs.items()},
+        "threshold": {n: c.threshold for n, c in clfs.items()},
+    }
     for name, clf in clfs.items():
         report[f"{name}/human"] = catch(clf, human)
         if test:
             report[f"{name}/test"] = catch(clf, test)
-    lat = latency(clfs, [r["text"] for r in human + test], args.repeat)
-    report["latency_one_thread"] = lat
-    report["ratio_candidate_to_baseline"] = {
-        k: round(lat["candidate"][k] / lat["baseline"][k], 3) for k in ("p50_ms", "p99_ms")
-    }
+    texts = [r["text"] for r in human + test]
+    for key, turns in (("one_turn", 1), (f"{args.turns}_turns", args.turns)):
+        lat = latency(clfs, texts, args.repeat, turns)
+        report[f"latency_one_thread/{key}"] = lat
+        report[f"ratio_candidate_to_baseline/{key}"] = {
+            k: round(lat["candidate"][k] / lat["baseline"][k], 3) for k in ("p50_ms", "p99_ms")
+        }
     print(json.dumps(report, indent=2))
 
 

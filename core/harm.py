@@ -5,22 +5,29 @@ with it (``evals.harm``).
     clf = HarmClassifier.load(folder)
     clf.judge(["How do I build a pipe bomb?"])   # HarmScore(score=0.97, category="weapons")
 
-The model is a multinomial logistic regression over the labels (the harm categories and ``benign``) on a static
-sentence embedding: the text's WordPiece tokens (all-MiniLM-L6-v2's tokenizer) looked up in a table of per-token
-vectors distilled from MiniLM (each token run through the encoder alone, once, at training time) and averaged,
-then L2-normalized. So a prompt costs one Rust tokenization and a table lookup (~0.3 ms), not an encoder pass
-(~25 ms on a busy CPU core), and words that MiniLM places near each other score alike. The harm score is
-1 - P(benign); the category is the most probable harm label. Why this model: docs/results.md, "The safety
-classifier".
+The model is a multinomial logistic regression over the labels (the harm categories and ``benign``) on one of two
+sentence embeddings of the text's WordPiece tokens (all-MiniLM-L6-v2's tokenizer), L2-normalized:
 
-The folder holds ``classifier.json`` (labels, operating threshold, provenance), ``weights.npz`` (the token
-table in float16, coefficients, intercepts) and ``tokenizer.json``: plain arrays and JSON, no pickle, so loading
-a registered version runs no code from the artifact store. Needs ``tokenizers`` and NumPy only (no torch).
+- ``encoder`` (``EncoderEmbedder``, folder format ``harm-minilm-encoder-v1``): MiniLM's embeddings and first
+  layers (2 of 6 by default) run in NumPy (``core.minilm``), mean pooled: word order and context count; a few ms
+  a prompt on one thread.
+- ``static`` (``StaticEmbedder``, ``harm-static-embedding-v1``): the mean of per-token vectors from a table distilled
+  from MiniLM (each token run through the encoder alone, once, at training time): one tokenization and a table
+  lookup (~0.3 ms), but a bag of words.
+
+The harm score is 1 - P(benign); the category is the most probable harm label. Why these models and their
+measurements: docs/results.md, "The safety classifier".
+
+The folder holds ``classifier.json`` (format, labels, operating threshold, provenance), ``weights.npz`` (the token
+table or the encoder's tensors in float16, coefficients, intercepts) and ``tokenizer.json``: plain arrays and JSON,
+no pickle, so loading a registered version runs no code from the artifact store. Needs ``tokenizers`` and NumPy
+only (no torch).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,48 +35,115 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from core.minilm import HIDDEN, MiniLmEncoder, param_names
+
 CONFIG_FILE = "classifier.json"
 WEIGHTS_FILE = "weights.npz"
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT = "harm-static-embedding-v1"
+ENCODER_FORMAT = "harm-minilm-encoder-v1"
 MAX_TOKENS = 512  # a longer text is judged by its first and last 256 tokens
+ENCODER_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length, [CLS] and [SEP] included
 
 
-class StaticEmbedder:
-    """Texts -> mean of their tokens' table rows, L2-normalized (one row per text)."""
+class _WordPieces:
+    """The text -> token ids half both embedders share."""
 
-    def __init__(self, tokenizer_json: str, table: NDArray[Any], skip_ids: tuple[int, ...]) -> None:
+    max_tokens = MAX_TOKENS
+
+    def __init__(self, tokenizer_json: str, vocab: int, skip_ids: tuple[int, ...]) -> None:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self.tokenizer_json = tokenizer_json
-        self.table = np.asarray(table, dtype=np.float32)  # float16 on disk; float32 here (NumPy's float16 is slow)
-        self.skip = np.zeros(table.shape[0], dtype=bool)
+        self.skip = np.zeros(vocab, dtype=bool)
         self.skip[list(skip_ids)] = True
 
     def ids(self, text: str) -> NDArray[np.int64]:
         """The text's token ids without special tokens; a long text by its first and last characters (whatever
         lies beyond ``MAX_TOKENS`` tokens' worth would be cut anyway). One ``encode`` per text: ``encode_batch``
         starts a thread pool, slower for a few texts and contending with the gateway's own threads."""
-        if len(text) > 8 * MAX_TOKENS:
-            text = text[: 4 * MAX_TOKENS] + "\n" + text[-4 * MAX_TOKENS :]
+        n = self.max_tokens
+        if len(text) > 8 * n:
+            text = text[: 4 * n] + "\n" + text[-4 * n :]
         ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
         return ids[~self.skip[ids]]
 
+    def head_and_tail(self, ids: NDArray[np.int64], n: int) -> NDArray[np.int64]:
+        """At most ``n`` ids: a longer text by its first and last ``n // 2`` (the newest turn of joined turns
+        stays in)."""
+        return np.concatenate([ids[: n // 2], ids[len(ids) - (n - n // 2) :]]) if len(ids) > n else ids
+
     def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
-        if len(ids) > MAX_TOKENS:
-            ids = np.concatenate([ids[: MAX_TOKENS // 2], ids[-MAX_TOKENS // 2 :]])
+        raise NotImplementedError
+
+    def pool_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        return np.stack([self.pool(ids) for ids in seqs])
+
+    @property
+    def dim(self) -> int:
+        raise NotImplementedError
+
+    def embed(self, texts: list[str]) -> NDArray[np.float32]:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self.pool(self.ids(t)) for t in texts])
+
+
+class StaticEmbedder(_WordPieces):
+    """Texts -> mean of their tokens' table rows, L2-normalized (one row per text)."""
+
+    def __init__(self, tokenizer_json: str, table: NDArray[Any], skip_ids: tuple[int, ...]) -> None:
+        super().__init__(tokenizer_json, table.shape[0], skip_ids)
+        self.table = np.asarray(table, dtype=np.float32)  # float16 on disk; float32 here (NumPy's float16 is slow)
+
+    @property
+    def dim(self) -> int:
+        return int(self.table.shape[1])
+
+    def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
+        ids = self.head_and_tail(ids, MAX_TOKENS)
         if not len(ids):
             return np.zeros(self.table.shape[1], dtype=np.float32)
         vec = self.table[ids].mean(axis=0)
         return np.asarray(vec / (np.linalg.norm(vec) or 1.0), dtype=np.float32)
 
-    def embed(self, texts: list[str]) -> NDArray[np.float32]:
-        if not texts:
-            return np.zeros((0, self.table.shape[1]), dtype=np.float32)
-        return np.stack([self.pool(self.ids(t)) for t in texts])
+
+class EncoderEmbedder(_WordPieces):
+    """Texts -> ``[CLS] ids [SEP]`` through MiniLM's first layers (``core.minilm``), mean pooled, L2-normalized.
+    ``weights``: BertModel's tensors (``core.minilm.param_names``), any float dtype."""
+
+    max_tokens = ENCODER_MAX_TOKENS
+
+    def __init__(
+        self, tokenizer_json: str, weights: Mapping[str, NDArray[Any]], layers: int, cls_sep: tuple[int, int]
+    ) -> None:
+        self.encoder = MiniLmEncoder(weights, layers)
+        # no id skipped: the encoder reads what MiniLM's tokenizer makes of the text
+        super().__init__(tokenizer_json, self.encoder.word.shape[0], ())
+        self.cls_sep = cls_sep
+
+    @property
+    def dim(self) -> int:
+        return HIDDEN
+
+    def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
+        return self.pool_many([ids])[0]
+
+    def pool_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        """One encoder pass for all of ``seqs`` (``judge_turns``' newest turn and the joined ones together)."""
+        cls_id, sep_id = self.cls_sep
+        return self.encoder.encode_many(
+            [
+                np.concatenate([[cls_id], self.head_and_tail(ids, ENCODER_MAX_TOKENS - 2), [sep_id]]).astype(np.int64)
+                for ids in seqs
+            ]
+        )
+
+
+Embedder = StaticEmbedder | EncoderEmbedder
 
 
 @dataclass(frozen=True)
@@ -84,14 +158,14 @@ class HarmClassifier:
     def __init__(
         self,
         labels: tuple[str, ...],
-        embedder: StaticEmbedder,
+        embedder: Embedder,
         coef: NDArray[np.float64],
         intercept: NDArray[np.float64],
         threshold: float,
         version: str = "",
         meta: dict[str, Any] | None = None,
     ) -> None:
-        if "benign" not in labels or coef.shape != (len(labels), embedder.table.shape[1]):
+        if "benign" not in labels or coef.shape != (len(labels), embedder.dim):
             raise ValueError("a harm classifier needs a 'benign' label and one coefficient row per label")
         self.labels = labels
         self.embedder = embedder
@@ -133,10 +207,8 @@ class HarmClassifier:
         """The newest of ``turns`` alone, and the newest ``context`` of them joined (a request split over
         turns), each turn tokenized once: the more harmful of the two."""
         ids = [self.embedder.ids(t) for t in turns[-context:]]
-        rows = [self.embedder.pool(ids[-1])]
-        if len(ids) > 1:
-            rows.append(self.embedder.pool(np.concatenate(ids)))
-        return max(self._scores(self._softmax(np.stack(rows))), key=lambda s: s.score)
+        seqs = [ids[-1], np.concatenate(ids)] if len(ids) > 1 else [ids[-1]]
+        return max(self._scores(self._softmax(self.embedder.pool_many(seqs))), key=lambda s: s.score)
 
     def blocks(self, score: HarmScore) -> bool:
         return score.score >= self.threshold
@@ -145,18 +217,25 @@ class HarmClassifier:
 
     def save(self, folder: Path, extra: dict[str, Any] | None = None) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
-        np.savez(
-            folder / WEIGHTS_FILE,
-            table=self.embedder.table.astype(np.float16),
-            coef=self.coef_t.T,
-            intercept=self.intercept,
-            skip_ids=np.flatnonzero(self.embedder.skip),
-        )
-        (folder / TOKENIZER_FILE).write_text(self.embedder.tokenizer_json, encoding="utf-8")
+        head = {"coef": self.coef_t.T, "intercept": self.intercept}
+        e = self.embedder
+        if isinstance(e, EncoderEmbedder):
+            fmt, described = ENCODER_FORMAT, {"encoder_layers": e.encoder.layers}
+            arrays = {
+                **head,
+                "cls_sep": np.array(e.cls_sep),
+                **{n: a.astype(np.float16) for n, a in e.encoder.source.items()},
+            }
+        else:
+            fmt, described = FORMAT, {}
+            arrays = {**head, "table": e.table.astype(np.float16), "skip_ids": np.flatnonzero(e.skip)}
+        np.savez(folder / WEIGHTS_FILE, **arrays)  # type: ignore[arg-type]  # (numpy types **kwds as allow_pickle)
+        (folder / TOKENIZER_FILE).write_text(e.tokenizer_json, encoding="utf-8")
         meta = {
             **self.meta,
             **(extra or {}),
-            "format": FORMAT,
+            **described,
+            "format": fmt,
             "labels": list(self.labels),
             "threshold": self.threshold,
         }
@@ -167,11 +246,18 @@ class HarmClassifier:
     @classmethod
     def load(cls, folder: Path, version: str = "") -> HarmClassifier:
         meta = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{folder}: not a {FORMAT} classifier (format {meta.get('format')!r})")
+        fmt = meta.get("format")
+        if fmt not in (FORMAT, ENCODER_FORMAT):
+            raise ValueError(f"{folder}: not a {FORMAT} or {ENCODER_FORMAT} classifier (format {fmt!r})")
+        tokenizer_json = (folder / TOKENIZER_FILE).read_text(encoding="utf-8")
+        embedder: Embedder
         with np.load(folder / WEIGHTS_FILE) as w:
-            table, coef, intercept, skip = w["table"], w["coef"], w["intercept"], w["skip_ids"]
-        embedder = StaticEmbedder(
-            (folder / TOKENIZER_FILE).read_text(encoding="utf-8"), table, tuple(int(i) for i in skip)
-        )
+            coef, intercept = w["coef"], w["intercept"]
+            if fmt == ENCODER_FORMAT:
+                layers = int(meta["encoder_layers"])
+                cls_id, sep_id = (int(i) for i in w["cls_sep"])
+                weights = {n: w[n] for n in param_names(layers)}
+                embedder = EncoderEmbedder(tokenizer_json, weights, layers, (cls_id, sep_id))
+            else:
+                embedder = StaticEmbedder(tokenizer_json, w["table"], tuple(int(i) for i in w["skip_ids"]))
         return cls(tuple(meta["labels"]), embedder, coef, intercept, float(meta["threshold"]), version, meta)

@@ -5,8 +5,8 @@ its artifact, and a registered version tagged with its lineage.
 
 Lineage tags (``lineage.*``): the harm snapshot's hash, the weights hash (the idempotency key: the same weights
 register once), the training config hash, the operating threshold and the validation metrics it was chosen on,
-the token table it embeds with, the code version and the orchestration run. The gate records (``gate.*``) and
-aliases work exactly like a chat model's (``registry.gate``, ``MlflowRegistry.set_alias``).
+the features (and token table) it embeds with, the code version and the orchestration run. The gate records
+(``gate.*``) and aliases work exactly like a chat model's (``registry.gate``, ``MlflowRegistry.set_alias``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class ClassifierLineage:
     token_table: str
     git_sha: str
     flow_run_id: str
+    features: str = "static"  # versions registered before the encoder features existed are static
     kind: str = "safety-classifier"
 
     def tags(self) -> dict[str, str]:

@@ -3,9 +3,11 @@
     snap = build_harm_snapshot(home.harm_snapshots, chat_per_split=300)
     result = train_classifier(SafetyClassifierConfig(), snap, home.runs / "safety-classifier" / snap.short)
 
-Builds the token table of ``core.harm`` from the bundled all-MiniLM-L6-v2 (``token_table``: each WordPiece token
+Builds the features of ``core.harm`` from the bundled all-MiniLM-L6-v2: for ``features: encoder`` its embeddings
+and first ``encoder_layers`` layers (``encoder_weights``, rounded to the float16 the folder stores, so training
+computes exactly the features serving will); for ``static`` the token table (``token_table``: each WordPiece token
 through the encoder alone, ~30 s on one core, cached per model and mode under the home's cache; or the encoder's
-input embeddings, instant, for tests), fits the multinomial logistic regression on the snapshot's training
+input embeddings, instant, for tests). Then fits the multinomial logistic regression on the snapshot's training
 split, then picks its operating threshold on the validation split (``choose_threshold``): the lowest harm score
 at which the false blocks of each benign kind stay within their budgets, so harmful recall is as high as those
 budgets allow. The test split is never looked at here (``evals.harm`` measures it for the gate).
@@ -23,8 +25,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from core.harm import CONFIG_FILE, WEIGHTS_FILE, HarmClassifier, StaticEmbedder
+from core.harm import CONFIG_FILE, WEIGHTS_FILE, Embedder, EncoderEmbedder, HarmClassifier, StaticEmbedder
 from core.hashing import sha256_file, sha256_files, sha256_text
+from core.minilm import param_names
 from training.config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
 from training.data.snapshot import Snapshot
@@ -102,12 +105,36 @@ def token_table(mode: str, cache: Path | None = None) -> tuple[str, NDArray[np.f
     return tokenizer_json, table, specials
 
 
+def encoder_weights(layers: int) -> tuple[str, dict[str, NDArray[np.float16]], tuple[int, int]]:
+    """(tokenizer JSON, the tensors of all-MiniLM-L6-v2's embeddings and first ``layers`` layers in float16,
+    ([CLS], [SEP]) ids)."""
+    from safetensors.numpy import load_file
+
+    folder = minilm_folder()
+    tokenizer_json = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    vocab = json.loads(tokenizer_json)["model"]["vocab"]
+    tensors = load_file(str(folder / "model.safetensors"))
+    return (
+        tokenizer_json,
+        {n: tensors[n].astype(np.float16) for n in param_names(layers)},
+        (vocab["[CLS]"], vocab["[SEP]"]),
+    )
+
+
+def embedder_for(cfg: SafetyClassifierConfig, cache: Path | None = None) -> Embedder:
+    """The features ``cfg`` names, with the weights a saved folder holds (float16)."""
+    if cfg.features == "encoder":
+        tokenizer_json, weights, cls_sep = encoder_weights(cfg.encoder_layers)
+        return EncoderEmbedder(tokenizer_json, weights, cfg.encoder_layers, cls_sep)
+    tokenizer_json, table, specials = token_table(cfg.token_table, cache)
+    return StaticEmbedder(tokenizer_json, table.astype(np.float16), specials)
+
+
 def fit(cfg: SafetyClassifierConfig, records: list[dict[str, str]], cache: Path | None = None) -> HarmClassifier:
     """The model on ``records`` (threshold 0.5 until ``choose_threshold`` sets it)."""
     from sklearn.linear_model import LogisticRegression
 
-    tokenizer_json, table, specials = token_table(cfg.token_table, cache)
-    embedder = StaticEmbedder(tokenizer_json, table.astype(np.float16), specials)
+    embedder = embedder_for(cfg, cache)
     x = embedder.embed([r["text"] for r in records])
     y = np.array([LABELS.index(r["label"]) for r in records])
     # benign that sounds risky is weighted up: it is the expensive mistake (a false block of a fair question)

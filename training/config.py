@@ -401,9 +401,24 @@ class SafetyClassifierConfig(StrictModel):
     )
     seed: int = Field(0, description="Seed of the solver.")
     c: float = Field(1.0, gt=0, description="Inverse L2 strength of the logistic regression.")
+    features: Literal["static", "encoder"] = Field(
+        "encoder",
+        description="Sentence features of the classifier (core.harm): 'encoder' runs MiniLM's first encoder_layers "
+        "layers in NumPy, mean pooled; 'static' averages per-token vectors (token_table; ~0.3 ms a prompt). "
+        "'encoder' with 1 layer is the default: it measured higher harmful recall and human-slice catch than "
+        "'static' with fewer false blocks, within the one-turn latency budget on one thread (a request judged "
+        "with 3 context turns is over it: docs/results.md, 'The safety classifier').",
+    )
+    encoder_layers: int = Field(
+        1,
+        ge=1,
+        le=6,
+        description="MiniLM layers (of 6) the 'encoder' features run. 2 caught more of the human slice but broke the "
+        "10 ms p99 budget on the busy 2-core machine (docs/results.md).",
+    )
     token_table: Literal["contextual", "input"] = Field(
         "contextual",
-        description="Token vectors of the static embedding: MiniLM's output for each token alone (better, ~30 s "
+        description="Token vectors of the 'static' features: MiniLM's output for each token alone (better, ~30 s "
         "once per machine, cached) or its input embeddings (instant; tests).",
     )
     risky_weight: float = Field(

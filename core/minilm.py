@@ -11,7 +11,7 @@ It computes what ``transformers``' ``BertModel`` computes with ``encoder.layer[:
 token-type (0) embeddings and LayerNorm, then per layer 12-head self-attention, output dense + residual +
 LayerNorm, intermediate dense with BERT's erf GELU, output dense + residual + LayerNorm; then the mean over all
 tokens ([CLS] and [SEP] included, as sentence-transformers pools with a full attention mask) and L2 norm.
-tests/integration/test_minilm_numpy.py checks it against torch.
+tests/unit/core/test_harm_encoder.py checks it against torch.
 """
 
 from __future__ import annotations

@@ -102,6 +102,9 @@ def test_an_already_quantized_folder_and_a_group_that_does_not_divide_are_refuse
     assert not [p for p in tmp_path.iterdir()]  # nothing half-written is left
 
 
+# slow: an engine start of its own (~60 s in CI); the default run's CLI loop (tests/e2e/test_cli_e2e.py) runs a W8A8
+# version on vLLM in bf16 through its gate, and the real model's was served through `lifecycle serve` (docs/results.md)
+@pytest.mark.slow
 def test_vllm_serves_the_quantized_version_through_our_engine(quantized, tiny_config: LifecycleConfig) -> None:  # type: ignore[no-untyped-def]
     from serving.engines.engine import GenerationRequest, VllmEngine
 

@@ -9,8 +9,8 @@ The model is a multinomial logistic regression over the labels (the harm categor
 sentence embeddings of the text's WordPiece tokens (all-MiniLM-L6-v2's tokenizer), L2-normalized:
 
 - ``encoder`` (``EncoderEmbedder``, folder format ``harm-minilm-encoder-v1``): MiniLM's embeddings and first
-  layers (2 of 6 by default) run in NumPy (``core.minilm``), mean pooled: word order and context count; a few ms
-  a prompt on one thread.
+  layers (``encoder_layers``: 1 of 6 by default) run in NumPy (``core.minilm``), mean pooled: word order and
+  context count; a few ms a prompt on one thread.
 - ``static`` (``StaticEmbedder``, ``harm-static-embedding-v1``): the mean of per-token vectors from a table distilled
   from MiniLM (each token run through the encoder alone, once, at training time): one tokenization and a table
   lookup (~0.3 ms), but a bag of words.

@@ -3,7 +3,7 @@
 - ``VllmChat``: one batched ``LLM.chat`` call per suite on an in-process vLLM engine (continuous batching; LoRA
   versions as a ``LoRARequest`` on their base engine). Each request carries its own seed, so a sampled
   completion depends only on (seed, item, sample), not on batch composition. ``greedy`` also says whether each
-  reply ended on its own (the self-replies stage drops replies cut at ``max_tokens``).
+  reply ended on its own (the self-replies stage trims or drops a reply cut at ``max_tokens``).
 - ``OpenAIChat``: any OpenAI-compatible endpoint through the official client, requests in parallel; ``seed`` is
   passed and honoured by vLLM-based servers.
 

@@ -1,6 +1,5 @@
 """The stage adapters the flows and the CLI call (no Prefect here): data, base model, self-replies, fine-tune,
-registration, and
-the two handles every later stage opens, the registry and the serving database.
+registration, and the two handles every later stage opens, the registry and the serving database.
 
 Each function takes the root config and the home folder, calls one stage's core function, and returns its typed
 result. The evaluation and gate adapters are in ``flows.gating``; curation in ``flows.curation``; the drift check

@@ -216,7 +216,8 @@ class DistributedConfig(StrictModel):
         return self.world_size * self.nnodes
 
 
-DEFAULT_SELF_REPLY_SKILLS: tuple[Skill, ...] = ("borderline", "formatting", "provocation")
+# provocations keep the generator's calm replies: a base's own are toxic at times (SmolLM2's: docs/results.md)
+DEFAULT_SELF_REPLY_SKILLS: tuple[Skill, ...] = ("borderline", "formatting")
 
 
 class SelfRepliesConfig(StrictModel):
@@ -241,8 +242,8 @@ class SelfRepliesConfig(StrictModel):
     cut_replies: Literal["last_sentence", "drop"] = Field(
         "last_sentence",
         description="A reply cut at max_tokens: trimmed to its last complete sentence (dropped when that leaves "
-        "under 40 characters), or dropped (the record keeps its generated reply). Never trained on mid-sentence. "
-        "With drop and 160 tokens, 192 of SmolLM2's 427 helpful replies were dropped (docs/results.md).",
+        "under 40 characters), or dropped (the record keeps its generated reply). Never trained on mid-sentence; "
+        "dropping most of a base's longer answers leaves the generator's templated ones (docs/results.md).",
     )
     max_records: int | None = Field(
         None, ge=1, description="Replace at most this many records (train first, in snapshot order); null: all."

@@ -115,19 +115,18 @@ def last_sentence(text: str) -> str | None:
     return kept if len(kept) >= MIN_KEPT_CHARS else None
 
 
-def usable(reply: Generated, cut_replies: str) -> tuple[str | None, str | None]:
-    """(the text to train on, None) or (None, why not: ``empty``, ``truncated``, ``refusal``). A reply cut at
+def usable(reply: Generated, cut_replies: str) -> tuple[str, str | None]:
+    """(the text to train on, None), or (``""``, why not: ``empty``, ``truncated``, ``refusal``). A reply cut at
     ``max_tokens`` is trimmed to its last complete sentence with ``cut_replies == "last_sentence"``."""
     text = normalize_text(reply.text)
     if not text:
-        return None, "empty"
+        return "", "empty"
     if not reply.finished:
-        trimmed = last_sentence(text) if cut_replies == "last_sentence" else None
-        if trimmed is None:
-            return None, "truncated"
-        text = trimmed
+        text = (last_sentence(text) if cut_replies == "last_sentence" else None) or ""
+        if not text:
+            return "", "truncated"
     if is_refusal(text):
-        return None, "refusal"
+        return "", "refusal"
     return text, None
 
 
@@ -197,8 +196,8 @@ def derive_snapshot(
     trimmed = 0
     for t, reply in zip(chosen, replies, strict=True):
         text, reason = usable(reply, cfg.cut_replies)
-        if text is None:
-            kept[reason or "empty"] += 1
+        if reason is not None:
+            kept[reason] += 1
             continue
         trimmed += not reply.finished
         splits[t.split][t.index] = _replaced(splits[t.split][t.index], text)

@@ -33,6 +33,9 @@ def cfg() -> LifecycleConfig:
             "finetune.self_replies.skills=[borderline, formatting]",
             f"finetune.self_replies.max_tokens={MAX_TOKENS}",
             "finetune.self_replies.max_records=6",
+            # its own registered models: the session home's "chat" belongs to test_train, which counts its versions
+            "registry.model_name=chat-self-replies",
+            "registry.base_model_name=chat-base-self-replies",
         ],
     )
 
@@ -110,3 +113,4 @@ def test_the_train_flow_fine_tunes_on_the_derived_snapshot_and_names_it_in_the_l
     summary = train_flow(flow_cfg, session_home)
     assert summary.snapshot == summary.lineage["snapshot"] == derived.hash
     assert list(summary.seconds)[:3] == ["snapshot", "base_model", "self_replies"]
+    assert (summary.model, summary.version) == ("chat-self-replies", "1")

@@ -2,13 +2,14 @@
 
     .venv/bin/python benchmarks/harm_classifier.py --baseline <folder> --candidate <folder> [--snapshot <folder>]
 
-Latency: ``judge_turns`` (what the gateway's pre-filter calls) on one thread, per prompt, the two versions
-interleaved prompt by prompt over the human slice and the test split's prompts (``--repeat`` passes), p50 and p99 of
-each and the candidate/baseline ratio; once with one user turn per request, once with ``--turns`` consecutive
-prompts as one conversation's turns (the newest judged alone and all joined). Catch: blocked counts per kind and
+Latency: ``judge_turns`` (what the gateway's pre-filter calls) on one thread, per prompt, the two versions interleaved
+prompt by prompt over the human slice and the test split's prompts (``--repeat`` passes), p50 and p99 of each and the
+candidate/baseline ratio; once with one user turn per request, once with ``--turns`` consecutive prompts as one
+conversation's turns (the newest judged alone and all joined; the earlier turns kept from the requests before, as in a
+chat), and once with no turn kept (a conversation the gateway sees first mid-way). Catch: blocked counts per kind and
 harm category (Wilson 95% interval) on the hand-written human slice (``evals/harm_human.yaml``) and, with
-``--snapshot``, on a harm snapshot's test split. Each version uses the threshold it was registered with; either
-folder format loads (``static`` or ``encoder`` features, ``core.harm``)."""
+``--snapshot``, on a harm snapshot's test split. Each version uses the threshold it was registered with; either folder
+format loads (``static`` or ``encoder`` features, ``core.harm``)."""
 
 from __future__ import annotations
 
@@ -52,15 +53,22 @@ def catch(clf: HarmClassifier, records: list[dict[str, str]]) -> dict[str, str]:
 
 
 def latency(
-    clfs: dict[str, HarmClassifier], texts: list[str], repeat: int, turns: int = 1
+    clfs: dict[str, HarmClassifier], texts: list[str], repeat: int, turns: int = 1, seen: bool = True
 ) -> dict[str, dict[str, float]]:
     """``turns`` > 1: each request is ``turns`` consecutive texts as one conversation's user turns, judged with
-    ``context=turns`` (the newest alone and all joined), as the gateway's pre-filter does with its context_turns."""
+    ``context=turns`` (the newest alone and all joined), as the gateway's pre-filter does with its context_turns.
+    The requests go in conversation order, so a request's earlier turns were the newest of the ones before it, as
+    in a chat; its newest turn is never seen before (each pass starts with no turn kept). ``seen=False``: no turn
+    kept before any request (every turn of every request embedded: a conversation new to this gateway)."""
     times: dict[str, list[float]] = {name: [] for name in clfs}
     convs = [texts[i : i + turns] for i in range(len(texts) - turns + 1)]
     for _ in range(repeat):
+        for clf in clfs.values():
+            clf.forget_turns()
         for conv in convs:
             for name, clf in clfs.items():
+                if not seen:
+                    clf.forget_turns()
                 start = time.perf_counter()
                 clf.judge_turns(conv, context=turns)
                 times[name].append((time.perf_counter() - start) * 1e3)
@@ -95,8 +103,13 @@ def main() -> None:
         if test:
             report[f"{name}/test"] = catch(clf, test)
     texts = [r["text"] for r in human + test]
-    for key, turns in (("one_turn", 1), (f"{args.turns}_turns", args.turns)):
-        lat = latency(clfs, texts, args.repeat, turns)
+    rows = (
+        ("one_turn", 1, True),
+        (f"{args.turns}_turns", args.turns, True),
+        (f"{args.turns}_turns_unseen", args.turns, False),
+    )
+    for key, turns, seen in rows:
+        lat = latency(clfs, texts, args.repeat, turns, seen)
         report[f"latency_one_thread/{key}"] = lat
         report[f"ratio_candidate_to_baseline/{key}"] = {
             k: round(lat["candidate"][k] / lat["baseline"][k], 3) for k in ("p50_ms", "p99_ms")

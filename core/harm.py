@@ -26,7 +26,10 @@ only (no torch).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from core.minilm import HIDDEN, MiniLmEncoder, param_names
+from core.minilm import HIDDEN, MiniLmEncoder, param_names, unit_rows
 
 CONFIG_FILE = "classifier.json"
 WEIGHTS_FILE = "weights.npz"
@@ -44,6 +47,7 @@ FORMAT = "harm-static-embedding-v1"
 ENCODER_FORMAT = "harm-minilm-encoder-v1"
 MAX_TOKENS = 512  # a longer text is judged by its first and last 256 tokens
 ENCODER_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length, [CLS] and [SEP] included
+TURN_CACHE = 4096  # turns whose token sums a classifier keeps (1.5 KB each): a conversation's earlier turns
 
 
 class _WordPieces:
@@ -76,11 +80,17 @@ class _WordPieces:
         stays in)."""
         return np.concatenate([ids[: n // 2], ids[len(ids) - (n - n // 2) :]]) if len(ids) > n else ids
 
-    def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
+    def sums(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        """(len(seqs), dim): the sum of each sequence's token vectors, before pooling: sequences embedded apart
+        pool together by adding these."""
         raise NotImplementedError
 
+    def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
+        return self.pool_many([ids])[0]
+
     def pool_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
-        return np.stack([self.pool(ids) for ids in seqs])
+        """The mean of each sequence's token vectors, L2-normalized (the normalized sum)."""
+        return unit_rows(self.sums(seqs))
 
     @property
     def dim(self) -> int:
@@ -103,12 +113,11 @@ class StaticEmbedder(_WordPieces):
     def dim(self) -> int:
         return int(self.table.shape[1])
 
-    def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
-        ids = self.head_and_tail(ids, MAX_TOKENS)
-        if not len(ids):
-            return np.zeros(self.table.shape[1], dtype=np.float32)
-        vec = self.table[ids].mean(axis=0)
-        return np.asarray(vec / (np.linalg.norm(vec) or 1.0), dtype=np.float32)
+    def sums(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        out = np.zeros((len(seqs), self.dim), dtype=np.float32)
+        for row, ids in zip(out, seqs, strict=True):
+            row[:] = self.table[self.head_and_tail(ids, MAX_TOKENS)].sum(axis=0)
+        return out
 
 
 class EncoderEmbedder(_WordPieces):
@@ -129,13 +138,10 @@ class EncoderEmbedder(_WordPieces):
     def dim(self) -> int:
         return HIDDEN
 
-    def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
-        return self.pool_many([ids])[0]
-
-    def pool_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
-        """One encoder pass for all of ``seqs`` (``judge_turns``' newest turn and the joined ones together)."""
+    def sums(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        """One encoder pass for all of ``seqs`` (the turns ``judge_turns`` has not seen yet, together)."""
         cls_id, sep_id = self.cls_sep
-        return self.encoder.encode_many(
+        return self.encoder.sum_many(
             [
                 np.concatenate([[cls_id], self.head_and_tail(ids, ENCODER_MAX_TOKENS - 2), [sep_id]]).astype(np.int64)
                 for ids in seqs
@@ -176,6 +182,8 @@ class HarmClassifier:
         self.meta = dict(meta or {})
         self._benign = labels.index("benign")
         self.categories = tuple(label for label in labels if label != "benign")
+        self._turns: OrderedDict[bytes, NDArray[np.float32]] = OrderedDict()  # turn digest -> its token sums
+        self._turns_lock = threading.Lock()
 
     # --- scoring ------------------------------------------------------------------------------------------
 
@@ -205,10 +213,36 @@ class HarmClassifier:
 
     def judge_turns(self, turns: list[str], context: int) -> HarmScore:
         """The newest of ``turns`` alone, and the newest ``context`` of them joined (a request split over
-        turns), each turn tokenized once: the more harmful of the two."""
-        ids = [self.embedder.ids(t) for t in turns[-context:]]
-        seqs = [ids[-1], np.concatenate(ids)] if len(ids) > 1 else [ids[-1]]
-        return max(self._scores(self._softmax(self.embedder.pool_many(seqs))), key=lambda s: s.score)
+        turns): the more harmful of the two. Joined is the mean over the turns' token vectors, each turn embedded
+        on its own, so a turn is embedded once per conversation: a chat request repeats its earlier turns, which
+        were the newest of earlier requests, and their token sums are kept (the last ``TURN_CACHE`` turns, by a
+        digest of their text). The newest turn's own embedding is the only pass a conversation's request waits
+        for; the encoder's attention stays within a turn."""
+        sums = self.turn_sums(turns[-context:])
+        vecs = np.stack([sums[-1], sums.sum(axis=0)]) if len(sums) > 1 else sums
+        return max(self._scores(self._softmax(unit_rows(vecs))), key=lambda s: s.score)
+
+    def turn_sums(self, texts: list[str]) -> NDArray[np.float32]:
+        """(len(texts), dim): each text's token sums (``Embedder.sums``), the ones not kept computed in one pass."""
+        keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
+        with self._turns_lock:
+            known = {k: self._turns[k] for k in keys if k in self._turns}
+            for k in known:
+                self._turns.move_to_end(k)
+        todo = {k: t for k, t in zip(keys, texts, strict=True) if k not in known}
+        if todo:
+            fresh = self.embedder.sums([self.embedder.ids(t) for t in todo.values()])
+            known.update(zip(todo, fresh, strict=True))
+            with self._turns_lock:
+                self._turns.update(zip(todo, fresh, strict=True))
+                while len(self._turns) > TURN_CACHE:
+                    self._turns.popitem(last=False)
+        return np.stack([known[k] for k in keys])
+
+    def forget_turns(self) -> None:
+        """Drop the kept turns (a benchmark's cold start)."""
+        with self._turns_lock:
+            self._turns.clear()
 
     def blocks(self, score: HarmScore) -> bool:
         return score.score >= self.threshold

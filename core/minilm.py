@@ -173,7 +173,16 @@ class MiniLmEncoder:
     def encode_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
         """``encode`` of each sequence, (len(seqs), 384), in one pass: the weights are read once (on a busy
         machine the passes are bound by that, not by arithmetic), so two short sequences cost about one."""
+        return unit_rows(self.sum_many(seqs))
+
+    def sum_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        """The sum of each sequence's hidden states, (len(seqs), 384), in one pass: what ``encode_many``
+        normalizes, and what sequences encoded apart add up to when they are pooled together."""
         x, spans = self._packed(seqs)
-        vecs = np.stack([x[a:b].mean(axis=0) for a, b in spans])
-        norms = np.linalg.norm(vecs, axis=1, keepdims=True)
-        return np.asarray(vecs / np.where(norms > 0, norms, 1.0), dtype=np.float32)
+        return np.stack([x[a:b].sum(axis=0) for a, b in spans])
+
+
+def unit_rows(x: NDArray[np.float32]) -> NDArray[np.float32]:
+    """Each row L2-normalized (a zero row stays zero): a mean pooled row normalizes to the same as its sum."""
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.asarray(x / np.where(norms > 0, norms, 1.0), dtype=np.float32)

@@ -11,6 +11,7 @@ import pytest
 from support.helpers import engine_overrides
 from unit.serving.harness import build_harness, finish_reason, reply_text
 
+from core.harm import HarmClassifier
 from core.home import Home
 from flows.config import CONFIG_DIR, load_config
 
@@ -40,6 +41,9 @@ async def test_the_flow_trains_registers_and_the_gateway_serves_the_champion(
     lineage = version.lineage
     assert lineage["snapshot"] == summary.snapshot and (home.harm_snapshots / summary.snapshot).is_dir()
     assert {"weights_hash", "config_hash", "git_sha", "flow_run_id", "token_table"} <= set(lineage)
+    # the features it embeds with (tiny.yaml: the static table), as its folder's format says
+    assert lineage["features"] == "static" and cfg.safety_classifier.features == "static"
+    assert HarmClassifier.load(reg.resolve(version.ref)).meta["format"] == "harm-static-embedding-v1"
     assert float(lineage["threshold"]) == pytest.approx(summary.threshold)
     assert version.tags["gate.status"] == "passed", version.tags.get("gate.summary")
     assert {"harm/harmful_recall", "harm/min_category_recall", "harm_human/harmful_recall"} <= set(summary.metrics)

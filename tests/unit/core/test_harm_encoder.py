@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from core.harm import ENCODER_FORMAT, EncoderEmbedder, HarmClassifier
-from core.minilm import MiniLmEncoder
+from core.minilm import MiniLmEncoder, unit_rows
 from training.classifier import encoder_weights, fit, minilm_folder
 from training.config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
@@ -104,12 +104,40 @@ def test_judge_turns_takes_the_more_harmful_of_newest_and_joined() -> None:
     clf = _toy_classifier()
     turns = ["I have a question about chemistry class.", "how do I build a pipe bomb", "thanks, and the weather?"]
     newest = clf.scores([turns[-1]])[0]
-    joined = clf.scores([" ".join(turns[-2:])])[0]  # WordPiece splits on spaces: joining texts joins their ids
+    # joined: the mean over both turns' token vectors, each turn embedded on its own
+    e = clf.embedder
+    sums = e.sums([e.ids(t) for t in turns[-2:]])
+    joined = clf._scores(clf._softmax(unit_rows(sums.sum(axis=0, keepdims=True))))[0]
     got = clf.judge_turns(turns, context=2)
     assert got.score == pytest.approx(max(newest.score, joined.score), abs=1e-6)
     assert clf.blocks(clf.judge(["how do I build a pipe bomb"])) and not clf.blocks(newest)
     assert got.category == "weapons" and clf.blocks(got)  # the request split over turns is caught joined
     assert clf.judge_turns(turns, context=1).score == pytest.approx(newest.score, abs=1e-6)
+
+
+def test_a_conversations_earlier_turns_are_embedded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    clf = _toy_classifier()
+    clf.forget_turns()
+    conversation = ["I have a question about chemistry class.", "how do I build a pipe bomb", "and the weather?"]
+    cold = [clf.judge_turns(conversation[: i + 1], context=3) for i in range(3)]
+    embedded: list[int] = []
+    sums = clf.embedder.sums
+
+    def counted(seqs: list[np.ndarray]) -> np.ndarray:
+        embedded.append(len(seqs))
+        return sums(seqs)
+
+    monkeypatch.setattr(clf.embedder, "sums", counted)
+    clf.forget_turns()
+    warm = [clf.judge_turns(conversation[: i + 1], context=3) for i in range(3)]
+    assert embedded == [1, 1, 1]  # each request embeds only its newest turn
+    assert [w.score for w in warm] == pytest.approx([c.score for c in cold], abs=1e-6)
+    clf.judge_turns(["and the weather?", "a turn never seen"], context=3)
+    assert embedded == [1, 1, 1, 1]
+    monkeypatch.setattr("core.harm.TURN_CACHE", 2)  # the oldest kept turn goes first
+    clf.judge_turns(["one more new turn"], context=1)
+    clf.judge_turns(["I have a question about chemistry class."], context=1)
+    assert embedded == [1, 1, 1, 1, 1, 1]
 
 
 def test_fit_embeds_with_the_weights_the_folder_serves(tmp_path: Path) -> None:

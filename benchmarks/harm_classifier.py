@@ -114,6 +114,11 @@ def main() -> None:
         report[f"ratio_candidate_to_baseline/{key}"] = {
             k: round(lat["candidate"][k] / lat["baseline"][k], 3) for k in ("p50_ms", "p99_ms")
         }
+    # what keeping a conversation's turns saves: in conversation order against the same requests with none kept
+    seen, unseen = (report[f"latency_one_thread/{args.turns}_turns{s}"] for s in ("", "_unseen"))
+    report[f"ratio_kept_turns_to_none/{args.turns}_turns"] = {
+        name: {k: round(seen[name][k] / unseen[name][k], 3) for k in ("p50_ms", "p99_ms")} for name in clfs
+    }
     print(json.dumps(report, indent=2))
 
 

@@ -417,6 +417,21 @@ class SafetyClassifierConfig(StrictModel):
         description="MiniLM layers (of 6) the 'encoder' features run. 2 caught more of the human slice but broke the "
         "10 ms p99 budget on the busy 2-core machine (docs/results.md).",
     )
+    finetune_epochs: float = Field(
+        2.0,
+        ge=0,
+        description="'encoder' features: passes over the training split that fine-tune the encoder's layers and the "
+        "head together (torch, after the logistic regression that starts the head); 0 keeps MiniLM's weights and "
+        "the regression alone. The folder stores the fine-tuned tensors: serving is unchanged (docs/results.md).",
+    )
+    finetune_lr: float = Field(1e-4, gt=0, description="Peak learning rate of the encoder's layers when fine-tuning.")
+    finetune_head_lr: float = Field(1e-2, gt=0, description="Peak learning rate of the head when fine-tuning.")
+    finetune_batch_size: int = Field(32, ge=1, description="Prompts per fine-tuning step.")
+    finetune_word_embeddings: bool = Field(
+        False,
+        description="Fine-tune the word embedding table too (11.7 M of the 13.5 M weights; off: the words the "
+        "training split never uses keep MiniLM's vectors).",
+    )
     token_table: Literal["contextual", "input"] = Field(
         "contextual",
         description="Token vectors of the 'static' features: MiniLM's output for each token alone (better, ~30 s "

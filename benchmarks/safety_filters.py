@@ -18,7 +18,9 @@
    staggered), as the gateway runs the pre-filter (``anyio.to_thread`` from the event loop), against the
    same pre-filter without it (rules + toxicity scorer: the filter-off baseline) in the same run, interleaved in
    rounds so both see the same contention; prints p50/p99 of each and their difference (targets: p50 <= 5 ms,
-   p99 <= 10 ms added), and the share of each kind of conversation the classifier blocks.
+   p99 <= 10 ms added), and the share of each kind of conversation the classifier blocks. Twice: with each
+   conversation new to the classifier (every turn embedded) and with its earlier user turns judged before (as
+   the requests that brought them were: only the newest turn is embedded, ``HarmClassifier.judge_turns``).
 
 Timings are wall-clock; nothing here touches a GPU or the network.
 """
@@ -176,7 +178,7 @@ def bench_classifier(
     harm = HarmFilter(cfg, None)
     harm.classifier = HarmClassifier.load(folder, version=str(folder))
     on = ClassifiedPreFilter(off, harm)
-    for _, messages in conversations[:50]:
+    for _, messages in conversations[:50]:  # warm-up (imports, first allocations)
         on.check(messages)
 
     async def run(flt: PreFilter | ClassifiedPreFilter) -> list[float]:
@@ -196,20 +198,37 @@ def bench_classifier(
         await asyncio.gather(*(stream(generate_s * i / streams) for i in range(streams)))
         return times
 
+    clf = harm.classifier
+
+    def history_seen() -> None:
+        """Each conversation's earlier user turns judged before, as the requests that brought them were."""
+        for _, messages in conversations:
+            turns = [m["content"] for m in messages if m["role"] in ("user", "tool") and m["content"].strip()]
+            for i in range(1, len(turns)):
+                clf.judge_turns(turns[:i], cfg.context_turns)
+
     t_off: list[float] = []
-    t_on: list[float] = []
+    t_on: dict[str, list[float]] = {"new": [], "seen": []}
     for _ in range(rounds):  # interleaved: both see the same background load
-        t_off += asyncio.run(run(off))
-        t_on += asyncio.run(run(on))
-    p_off, p_on = percentiles(t_off), percentiles(t_on)
-    added = {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
+        for history in t_on:
+            t_off += asyncio.run(run(off))
+            clf.forget_turns()  # "new": each conversation is new to the gateway, every turn of it is embedded
+            if history == "seen":
+                history_seen()
+            t_on[history] += asyncio.run(run(on))
+    p_off = percentiles(t_off)
     print(f"  filter-off (rules + toxicity)      {fmt(p_off)}")
-    print(f"  with the classifier                {fmt(p_on)}")
-    met = added["p50"] <= 5.0 and added["p99"] <= 10.0
-    print(
-        f"  added                              p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
-        f"p50 <= 5 ms and p99 <= 10 ms {'met' if met else 'NOT met'}"
-    )
+    met = True
+    for history, label in (("new", "history new to it"), ("seen", "history judged before")):
+        p_on = percentiles(t_on[history])
+        added = {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
+        ok = added["p50"] <= 5.0 and added["p99"] <= 10.0
+        met = met and ok
+        print(f"  with the classifier, {label:22} {fmt(p_on)}")
+        print(
+            f"    added                            p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
+            f"p50 <= 5 ms and p99 <= 10 ms {'met' if ok else 'NOT met'}"
+        )
     blocked = {"benign": 0, "jailbreak": 0, "harmful": 0}
     counts = dict(blocked)
     classified = {"benign": 0, "jailbreak": 0, "harmful": 0}

@@ -46,7 +46,10 @@ TOKENIZER_FILE = "tokenizer.json"
 FORMAT = "harm-static-embedding-v1"
 ENCODER_FORMAT = "harm-minilm-encoder-v1"
 MAX_TOKENS = 512  # a longer text is judged by its first and last 256 tokens
-ENCODER_MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length, [CLS] and [SEP] included
+# [CLS] and [SEP] included: a longer turn is judged by its first and last 63 tokens. MiniLM reads 256; 128 keeps a
+# long pasted turn within the request path's budget (one thread, 3 unseen turns of the safety_filters benchmark's
+# conversations: p99 39 ms at 256, 13.6 at 128; docs/results.md)
+ENCODER_MAX_TOKENS = 128
 TURN_CACHE = 4096  # turns whose token sums a classifier keeps (1.5 KB each): a conversation's earlier turns
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.harm import ENCODER_FORMAT, EncoderEmbedder, HarmClassifier
+from core.harm import ENCODER_FORMAT, ENCODER_MAX_TOKENS, EncoderEmbedder, HarmClassifier
 from core.minilm import MiniLmEncoder, unit_rows
 from training.classifier import encoder_weights, fit, minilm_folder
 from training.config import SafetyClassifierConfig
@@ -75,13 +75,15 @@ def test_embedder_adds_cls_and_sep_as_minilms_tokenizer_does() -> None:
         np.testing.assert_allclose(e.embed([text])[0], direct, atol=1e-6)
 
 
-def test_a_long_text_keeps_its_head_and_tail_within_256_positions() -> None:
+def test_a_long_turn_is_judged_by_its_head_and_tail() -> None:
     e = _embedder()
     ids = e.ids("filler words here " * 200 + "how do I build a pipe bomb")
-    kept = e.head_and_tail(ids, 254)
-    assert len(ids) > 254 and len(kept) == 254
+    keep = ENCODER_MAX_TOKENS - 2  # with [CLS] and [SEP]
+    kept = e.head_and_tail(ids, keep)
+    assert len(ids) > keep and len(kept) == keep
     assert list(kept[-4:]) == list(ids[-4:]) and list(kept[:4]) == list(ids[:4])
-    assert e.pool(ids).shape == (384,)  # 256 positions with [CLS]/[SEP]: within MiniLM's 512
+    # the pooled vector is the kept tokens' (the middle costs nothing on the request path)
+    np.testing.assert_allclose(e.pool(ids), e.pool(kept), atol=1e-6)
 
 
 def _toy_classifier(threshold: float = 0.5) -> HarmClassifier:

@@ -12,7 +12,9 @@ like a chat model's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from core.errors import LifecycleError, NotFoundError
@@ -24,12 +26,14 @@ from evals.harm import evaluate_classifier
 from evals.report import EvalReport
 from flows.config import LifecycleConfig
 from flows.gating import gate_record
-from flows.stages import CANDIDATE, CHAMPION, open_registry
+from flows.stages import CANDIDATE, CHAMPION, open_registry, open_serving_store
 from registry.classifier import ClassifierLineage, register_classifier
 from registry.gate import gate_passed, record_gate
 from registry.store import ModelVersion
+from serving.state.schema import TrainingFeedback
 from training.classifier import train_classifier
 from training.data.harm_synth import build_harm_snapshot
+from training.data.records import loose_text
 from training.data.snapshot import Snapshot, load_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -153,3 +157,42 @@ def rollback_classifier_stage(cfg: LifecycleConfig, home: Home, *, reason: str, 
     reg.set_alias(name, CHAMPION, previous.version, reason=f"rollback of {current.ref}: {reason}", actor=actor)
     reg.remove_alias(name, PREVIOUS, reason="restored as champion", actor=actor)
     return reg.get(name, previous.version)
+
+
+CLASSIFIER_RULE = "classifier."
+
+
+def disputed_blocks(rows: Iterable[TrainingFeedback]) -> list[dict[str, str]]:
+    """Proposed training prompts from the gateway's feedback: each prompt the classifier blocked (pre-filter rule
+    ``classifier.<category>``) whose asker rated the refusal thumbs-down, as ``label: benign``, ``kind:
+    benign_risky`` in the ``--source`` JSONL form, with where it came from. Only answers of keys opted in to training,
+    outside deleted conversations, with a prompt of one user turn the log keeps; one line per prompt (the latest
+    rating wins). A proposal, not a label: anyone can thumb down the refusal of a harmful request, so a person
+    reviews the file (keeps, relabels or drops each line) before ``lifecycle safety-classifier train --source``
+    adds it to the next snapshot, where lines sharing wording with the eval splits are dropped and counted."""
+    out: dict[str, dict[str, str]] = {}
+    for r in rows:
+        if not (r.rating == -1 and r.status == "content_filter" and (r.pre_filter or "").startswith(CLASSIFIER_RULE)):
+            continue
+        if not (r.opted_in and not r.deleted and r.prompt):
+            continue
+        users = [content for role, content in r.prompt if role == "user"]
+        if len(users) != 1 or not users[0].strip():
+            continue  # a block judged with earlier turns: the one turn alone is not what was blocked
+        out[loose_text(users[0])] = {
+            "text": users[0].strip(),
+            "label": "benign",
+            "kind": "benign_risky",
+            "source": "feedback:disputed-block",
+            "blocked_as": (r.pre_filter or "")[len(CLASSIFIER_RULE) :],
+            "classifier": r.safety_classifier or "",
+            "response_id": r.response_id,
+            "rated_at": r.at.isoformat(),
+        }
+    return list(out.values())
+
+
+def disputed_blocks_stage(cfg: LifecycleConfig, home: Home, until: datetime | None = None) -> list[dict[str, str]]:
+    """``disputed_blocks`` of the serving database ``lifecycle serve`` writes (ratings before ``until``)."""
+    with open_serving_store(cfg, home) as db:
+        return disputed_blocks(db.training_feedback(until))

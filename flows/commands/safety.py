@@ -1,4 +1,4 @@
-"""The safety classifier's commands: ``safety-classifier train|gate|promote|rollback|review``.
+"""The safety classifier's commands: ``safety-classifier train|gate|promote|rollback|review|feedback``.
 
 One command with an action, so the classifier's lifecycle reads as one group in ``lifecycle --help``; each action
 calls the same adapters the ``safety-classifier`` flow does (``flows.classifier_stages``).
@@ -6,25 +6,28 @@ calls the same adapters the ``safety-classifier`` flow does (``flows.classifier_
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 
 from core.errors import ConfigError
 from flows.commands.base import Arg, Context, command, say
 
-ACTIONS = ("train", "gate", "promote", "rollback", "review")
+ACTIONS = ("train", "gate", "promote", "rollback", "review", "feedback")
 
 
 @command(
     "safety-classifier",
     help="the harm-intent classifier of the pre-filter: train (snapshot, train, register, gate; a Prefect flow), "
     "gate a version, promote it to champion (the gateway follows the alias), roll back, or list/export the "
-    "human-review queue of its high-stakes blocks",
+    "human-review queue of its high-stakes blocks, or export the blocks users disputed as proposed training "
+    "prompts for a person to review",
     example="lifecycle safety-classifier train\n"
     "  lifecycle safety-classifier train --source red_team.jsonl\n"
     "  lifecycle safety-classifier promote safety-classifier/2\n"
     "  lifecycle safety-classifier rollback --reason 'false blocks on cooking questions'\n"
-    "  lifecycle safety-classifier review --export review.jsonl",
+    "  lifecycle safety-classifier review --export review.jsonl\n"
+    "  lifecycle safety-classifier feedback --export disputed.jsonl   # review it, then: train --source",
     args=[
         Arg("action", choices=ACTIONS, help="what to do"),
         Arg("ref", nargs="?", help="gate/promote: the version (safety-classifier/2, safety-classifier@candidate)"),
@@ -34,7 +37,7 @@ ACTIONS = ("train", "gate", "promote", "rollback", "review")
         Arg("--force", action="store_true", help="promote: without a passing gate record (recorded as such)"),
         Arg("--reason", default="manual rollback", help="rollback: why (tagged on the rolled-back version)"),
         Arg("--category", help="review: only this category"),
-        Arg("--export", metavar="FILE", help="review: write the queue as JSONL to FILE"),
+        Arg("--export", metavar="FILE", help="review: write the queue as JSONL to FILE; feedback: the proposals"),
     ],
 )
 def safety_classifier(ctx: Context) -> int:
@@ -78,6 +81,22 @@ def safety_classifier(ctx: Context) -> int:
     if args.action == "rollback":
         restored = stages.rollback_classifier_stage(cfg, ctx.home, reason=args.reason, actor=actor)
         ctx.emit({"champion": restored.ref}, [f"champion is {restored.ref} again"])
+        return 0
+    if args.action == "feedback":
+        proposals = stages.disputed_blocks_stage(cfg, ctx.home)
+        if args.export:
+            Path(args.export).write_text(
+                "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in proposals), encoding="utf-8"
+            )
+            say(f"{len(proposals)} proposal(s) written to {args.export}: review them, then train with --source")
+        ctx.emit(
+            {"proposals": proposals},
+            [
+                f"{p['rated_at']}  blocked as {p['blocked_as']:<10} {p['classifier']}  {p['text'][:60]!r}"
+                for p in proposals
+            ]
+            or ["no disputed block (a classifier refusal rated thumbs-down by a key opted in to training)"],
+        )
         return 0
     from serving.state.review import ReviewQueue
 

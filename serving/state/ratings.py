@@ -82,6 +82,8 @@ def training_rows(conn: sa.Connection, until: datetime | None) -> list[TrainingF
             lg.feedback_rating,
             lg.feedback_better,
             lg.feedback_at,
+            lg.pre_filter,
+            lg.safety_classifier,
             k.revoked_at,
             k.training_opt_in,
             cv.id.label("conv_found"),
@@ -116,6 +118,8 @@ def training_rows(conn: sa.Connection, until: datetime | None) -> list[TrainingF
                 at=r.feedback_at,
                 opted_in=_opted_in(r),
                 deleted=_deleted(r),
+                pre_filter=r.pre_filter,
+                safety_classifier=r.safety_classifier,
                 **fields,
             )
         )

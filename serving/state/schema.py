@@ -366,6 +366,8 @@ class TrainingFeedback:
     prompt: tuple[tuple[str, str], ...] | None = None  # (role, content) pairs
     reply: str = ""
     better_answer: str | None = None
+    pre_filter: str | None = None  # the pre-filter rule that refused it (``classifier.<category>``, ...), if any
+    safety_classifier: str | None = None  # the classifier version that judged its prompt
 
 
 @dataclass(frozen=True)

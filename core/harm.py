@@ -141,15 +141,14 @@ class EncoderEmbedder(_WordPieces):
     def dim(self) -> int:
         return HIDDEN
 
+    def framed(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:
+        """``[CLS] ids [SEP]``, a long text by its head and tail: what the encoder reads (and training feeds it)."""
+        cls_id, sep_id = self.cls_sep
+        return np.concatenate([[cls_id], self.head_and_tail(ids, ENCODER_MAX_TOKENS - 2), [sep_id]]).astype(np.int64)
+
     def sums(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
         """One encoder pass for all of ``seqs`` (the turns ``judge_turns`` has not seen yet, together)."""
-        cls_id, sep_id = self.cls_sep
-        return self.encoder.sum_many(
-            [
-                np.concatenate([[cls_id], self.head_and_tail(ids, ENCODER_MAX_TOKENS - 2), [sep_id]]).astype(np.int64)
-                for ids in seqs
-            ]
-        )
+        return self.encoder.sum_many([self.framed(ids) for ids in seqs])
 
 
 Embedder = StaticEmbedder | EncoderEmbedder

@@ -30,6 +30,7 @@ from flows.stages import CANDIDATE, CHAMPION, open_registry, open_serving_store
 from registry.classifier import ClassifierLineage, register_classifier
 from registry.gate import gate_passed, record_gate
 from registry.store import ModelVersion
+from serving.safety.harm_filter import judged_category
 from serving.state.schema import TrainingFeedback
 from training.classifier import train_classifier
 from training.data.harm_synth import build_harm_snapshot
@@ -159,9 +160,6 @@ def rollback_classifier_stage(cfg: LifecycleConfig, home: Home, *, reason: str, 
     return reg.get(name, previous.version)
 
 
-CLASSIFIER_RULE = "classifier."
-
-
 def disputed_blocks(rows: Iterable[TrainingFeedback]) -> list[dict[str, str]]:
     """Proposed training prompts from the gateway's feedback: each prompt the classifier blocked (pre-filter rule
     ``classifier.<category>``) whose asker rated the refusal thumbs-down, as ``label: benign``, ``kind:
@@ -172,7 +170,8 @@ def disputed_blocks(rows: Iterable[TrainingFeedback]) -> list[dict[str, str]]:
     adds it to the next snapshot, where lines sharing wording with the eval splits are dropped and counted."""
     out: dict[str, dict[str, str]] = {}
     for r in rows:
-        if not (r.rating == -1 and r.status == "content_filter" and (r.pre_filter or "").startswith(CLASSIFIER_RULE)):
+        category = judged_category(r.pre_filter)  # not a rule's block, nor a fail-closed one no classifier judged
+        if not (r.rating == -1 and r.status == "content_filter" and category is not None):
             continue
         if not (r.opted_in and not r.deleted and r.prompt):
             continue
@@ -184,7 +183,7 @@ def disputed_blocks(rows: Iterable[TrainingFeedback]) -> list[dict[str, str]]:
             "label": "benign",
             "kind": "benign_risky",
             "source": "feedback:disputed-block",
-            "blocked_as": (r.pre_filter or "")[len(CLASSIFIER_RULE) :],
+            "blocked_as": category,
             "classifier": r.safety_classifier or "",
             "response_id": r.response_id,
             "rated_at": r.at.isoformat(),

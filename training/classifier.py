@@ -25,15 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from core.harm import (
-    CONFIG_FILE,
-    ENCODER_MAX_TOKENS,
-    WEIGHTS_FILE,
-    Embedder,
-    EncoderEmbedder,
-    HarmClassifier,
-    StaticEmbedder,
-)
+from core.harm import CONFIG_FILE, WEIGHTS_FILE, Embedder, EncoderEmbedder, HarmClassifier, StaticEmbedder
 from core.hashing import sha256_file, sha256_files, sha256_text
 from core.minilm import HEADS, HIDDEN, param_names
 from training.config import SafetyClassifierConfig
@@ -224,11 +216,7 @@ def _finetune(
     with torch.no_grad():
         head.weight.copy_(torch.from_numpy(clf.coef_t.T.copy()))
         head.bias.copy_(torch.from_numpy(clf.intercept.copy()))
-    cls_id, sep_id = embedder.cls_sep
-    seqs = [
-        np.concatenate([[cls_id], embedder.head_and_tail(embedder.ids(r["text"]), ENCODER_MAX_TOKENS - 2), [sep_id]])
-        for r in records
-    ]
+    seqs = [embedder.framed(embedder.ids(r["text"])) for r in records]
     labels = torch.tensor([clf.labels.index(r["label"]) for r in records])
     sample_weights = torch.tensor(weights / weights.mean(), dtype=torch.float32)
     batch = cfg.finetune_batch_size

@@ -60,6 +60,7 @@ from serving.pipeline.recorder import Recorder
 from serving.pipeline.selection import Selection
 from serving.pipeline.shadow import MiniLmEmbedder, PrimaryResult, ShadowMirror, TokenizingEmbedder
 from serving.safety.filters import SafetyFilters
+from serving.safety.harm_filter import judged_category
 from serving.safety.verdict import FilterVerdict
 from serving.state.review import ReviewItem, ReviewQueue
 from serving.state.store import ApiKey, ServingStore, new_conversation_id
@@ -238,9 +239,9 @@ class Gateway:
 
     async def _queue_for_review(self, call: Call, verdict: FilterVerdict | None) -> None:
         """A classifier block of a high-stakes category (``safety.review_categories``) goes to the review queue."""
-        if self.review is None or verdict is None or not (verdict.rule or "").startswith("classifier."):
+        category = judged_category(verdict.rule) if verdict is not None else None
+        if self.review is None or verdict is None or category is None:
             return
-        category = (verdict.rule or "").removeprefix("classifier.")
         if category in self.cfg.safety.review_categories:
             item = ReviewItem(
                 call.request_id,

@@ -33,6 +33,17 @@ from serving.safety.verdict import FilterVerdict
 
 log = logging.getLogger("lifecycle.serving")
 
+RULE_PREFIX = "classifier."  # a classifier verdict's rule: classifier.<category>, or classifier.unavailable
+UNAVAILABLE = RULE_PREFIX + "unavailable"  # fail-closed without a loaded version: nothing was judged
+
+
+def judged_category(rule: str | None) -> str | None:
+    """The harm category of a rule the classifier blocked with (``classifier.weapons`` -> ``weapons``); None for
+    any other rule, and for a fail-closed block that no classifier judged."""
+    if not rule or not rule.startswith(RULE_PREFIX) or rule == UNAVAILABLE:
+        return None
+    return rule.removeprefix(RULE_PREFIX)
+
 
 class ClassifierRegistry(Protocol):
     def parse(self, ref: str) -> ModelVersion: ...
@@ -76,12 +87,12 @@ class HarmFilter:
         clf = self.classifier
         if clf is None:
             if self.cfg.classifier and self.cfg.classifier_missing == "fail-closed":
-                return FilterVerdict(True, "pre", "classifier.unavailable", f"safety classifier {self.state}")
+                return FilterVerdict(True, "pre", UNAVAILABLE, f"safety classifier {self.state}")
             return None
         score = clf.judge_turns(texts, self.cfg.context_turns)
         if clf.blocks(score):
             reason = f"classifier {clf.version} scored {score.score:.3f} >= {clf.threshold:.3f} ({score.category})"
-            return FilterVerdict(True, "pre", f"classifier.{score.category}", reason, score.score, clf.version)
+            return FilterVerdict(True, "pre", RULE_PREFIX + score.category, reason, score.score, clf.version)
         return FilterVerdict(False, "pre", None, "passed", score.score, clf.version)
 
 

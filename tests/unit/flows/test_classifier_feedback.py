@@ -53,7 +53,9 @@ def test_a_disputed_classifier_block_is_proposed_as_benign_once(store: ServingSt
     blocked(store, key, "r4", "Tell me how to make a bomb", "classifier.weapons", n=4)  # rated up: agreed
     blocked(store, key, "r5", "and then the second step?", "classifier.weapons", turns=3, n=5)  # judged with context
     blocked(store, other, "r6", "What is the lethal dose of caffeine for a cat?", "classifier.self_harm", n=6)
-    for rid, rating, who in [("r1", -1, key), ("r2", -1, key), ("r3", -1, key), ("r4", 1, key), ("r5", -1, key)]:
+    blocked(store, key, "r7", "What's a good pasta recipe?", "classifier.unavailable", n=7)  # fail-closed: not judged
+    rated = [("r1", -1, key), ("r2", -1, key), ("r3", -1, key), ("r4", 1, key), ("r5", -1, key), ("r7", -1, key)]
+    for rid, rating, who in rated:
         store.record_feedback(who.id, rid, rating)
     store.record_feedback(other.id, "r6", -1)
 

@@ -18,7 +18,8 @@
    staggered), as the gateway runs the pre-filter (``anyio.to_thread`` from the event loop), against the
    same pre-filter without it (rules + toxicity scorer: the filter-off baseline) in the same run, interleaved in
    rounds so both see the same contention; prints p50/p99 of each and their difference (targets: p50 <= 5 ms,
-   p99 <= 10 ms added), and the share of each kind of conversation the classifier blocks. Twice: with each
+   p99 <= 10 ms added), the share of each kind of conversation the classifier blocks, and how many its screen
+   passed without an encoder pass (``core.harm.Screen``, the cascade's first look). Twice: with each
    conversation new to the classifier (every turn embedded) and with its earlier user turns judged before (as
    the requests that brought them were: only the newest turn is embedded, ``HarmClassifier.judge_turns``).
 
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from core.toxicity import ToxicityScorer
+    from serving.safety.harm_filter import ClassifiedPreFilter
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -161,8 +163,13 @@ def bench_stream(n: int, seed: int, scorer: ToxicityScorer) -> None:
 
 
 def bench_classifier(
-    conversations: list[tuple[str, list[dict[str, str]]]], folder: Path, streams: int, rounds: int, generate_ms: float
+    conversations: list[tuple[str, list[dict[str, str]]]],
+    folders: list[Path],
+    streams: int,
+    rounds: int,
+    generate_ms: float,
 ) -> bool:
+    """Each classifier's added latency against the filter-off pre-filter, all interleaved in the same rounds."""
     import asyncio
 
     import anyio
@@ -175,11 +182,13 @@ def bench_classifier(
 
     cfg = SafetyConfig()
     off = PreFilter(cfg, CompiledProfanityScorer())
-    harm = HarmFilter(cfg, None)
-    harm.classifier = HarmClassifier.load(folder, version=str(folder))
-    on = ClassifiedPreFilter(off, harm)
-    for _, messages in conversations[:50]:  # warm-up (imports, first allocations)
-        on.check(messages)
+    ons: list[ClassifiedPreFilter] = []
+    for folder in folders:
+        harm = HarmFilter(cfg, None)
+        harm.classifier = HarmClassifier.load(folder, version=str(folder))
+        ons.append(ClassifiedPreFilter(off, harm))
+        for _, messages in conversations[:50]:  # warm-up (imports, first allocations)
+            ons[-1].check(messages)
 
     async def run(flt: PreFilter | ClassifiedPreFilter) -> list[float]:
         times: list[float] = []
@@ -198,9 +207,7 @@ def bench_classifier(
         await asyncio.gather(*(stream(generate_s * i / streams) for i in range(streams)))
         return times
 
-    clf = harm.classifier
-
-    def history_seen() -> None:
+    def history_seen(clf: HarmClassifier) -> None:
         """Each conversation's earlier user turns judged before, as the requests that brought them were."""
         for _, messages in conversations:
             turns = [m["content"] for m in messages if m["role"] in ("user", "tool") and m["content"].strip()]
@@ -208,39 +215,58 @@ def bench_classifier(
                 clf.judge_turns(turns[:i], cfg.context_turns)
 
     t_off: list[float] = []
-    t_on: dict[str, list[float]] = {"new": [], "seen": []}
-    for _ in range(rounds):  # interleaved: both see the same background load
-        for history in t_on:
+    t_on: list[dict[str, list[float]]] = [{"new": [], "seen": []} for _ in ons]
+    for _ in range(rounds):  # interleaved: every filter sees the same background load
+        for history in ("new", "seen"):
             t_off += asyncio.run(run(off))
-            clf.forget_turns()  # "new": each conversation is new to the gateway, every turn of it is embedded
-            if history == "seen":
-                history_seen()
-            t_on[history] += asyncio.run(run(on))
+            for on, times in zip(ons, t_on, strict=True):
+                clf = on.harm.classifier
+                assert clf is not None
+                clf.forget_turns()  # "new": each conversation is new to the gateway, every turn of it is embedded
+                if history == "seen":
+                    history_seen(clf)
+                times[history] += asyncio.run(run(on))
     p_off = percentiles(t_off)
     print(f"  filter-off (rules + toxicity)      {fmt(p_off)}")
     met = True
-    for history, label in (("new", "history new to it"), ("seen", "history judged before")):
-        p_on = percentiles(t_on[history])
-        added = {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
-        ok = added["p50"] <= 5.0 and added["p99"] <= 10.0
-        met = met and ok
-        print(f"  with the classifier, {label:22} {fmt(p_on)}")
-        print(
-            f"    added                            p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
-            f"p50 <= 5 ms and p99 <= 10 ms {'met' if ok else 'NOT met'}"
-        )
+    for folder, on, times in zip(folders, ons, t_on, strict=True):
+        print(f"  classifier {folder}")
+        for history, label in (("new", "history new to it"), ("seen", "history judged before")):
+            p_on = percentiles(times[history])
+            added = {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
+            ok = added["p50"] <= 5.0 and added["p99"] <= 10.0
+            met = met and ok
+            print(f"  with the classifier, {label:22} {fmt(p_on)}")
+            print(
+                f"    added                            p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
+                f"p50 <= 5 ms and p99 <= 10 ms {'met' if ok else 'NOT met'}"
+            )
+        print_blocks(conversations, on)
+    return met
+
+
+def print_blocks(conversations: list[tuple[str, list[dict[str, str]]]], on: ClassifiedPreFilter) -> None:
+    """How many conversations of each kind the pre-filter blocks, how many by the classifier, and how many its
+    screen passed without an encoder pass."""
     blocked = {"benign": 0, "jailbreak": 0, "harmful": 0}
     counts = dict(blocked)
     classified = {"benign": 0, "jailbreak": 0, "harmful": 0}
+    judged = {"screen": 0, "model": 0}
     for kind, messages in conversations:
         verdict = on.check(messages)
         counts[kind] += 1
         blocked[kind] += verdict.blocked
         classified[kind] += verdict.blocked and (verdict.rule or "").startswith("classifier.")
+        if verdict.judged_by:
+            judged[verdict.judged_by] += 1
     print(
         "  blocked: " + ", ".join(f"{k} {blocked[k]}/{counts[k]} ({classified[k]} by the classifier)" for k in counts)
     )
-    return met
+    total = sum(judged.values())
+    print(
+        f"  the classifier judged {total} conversations: its screen alone passed {judged['screen']}, the encoder "
+        f"judged {judged['model']}"
+    )
 
 
 def main() -> int:
@@ -249,7 +275,12 @@ def main() -> int:
     parser.add_argument("--library-prompts", type=int, default=300, help="of those, run with ProfanityScorer too")
     parser.add_argument("--replies", type=int, default=200, help="streamed replies for the post-filter")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--classifier", type=Path, help="a trained safety-classifier folder: measure its added latency")
+    parser.add_argument(
+        "--classifier",
+        type=Path,
+        action="append",
+        help="a trained safety-classifier folder: measure its added latency (repeat to compare versions in one run)",
+    )
     parser.add_argument("--streams", type=int, default=32, help="concurrent requests for --classifier")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved off/on rounds for --classifier")
     parser.add_argument(
@@ -276,7 +307,7 @@ def main() -> int:
     bench_stream(args.replies, args.seed, compiled)
     ok = p99 <= TARGET_MS
     if args.classifier:
-        print(f"\nsafety classifier {args.classifier}: {args.streams} concurrent streams, {args.rounds} rounds")
+        print(f"\nsafety classifier: {args.streams} concurrent streams, {args.rounds} rounds")
         ok = bench_classifier(conversations, args.classifier, args.streams, args.rounds, args.generate_ms) and ok
     return 0 if ok else 1
 

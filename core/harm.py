@@ -18,6 +18,12 @@ sentence embeddings of the text's WordPiece tokens (all-MiniLM-L6-v2's tokenizer
 The harm score is 1 - P(benign); the category is the most probable harm label. Why these models and their
 measurements: docs/results.md, "The safety classifier".
 
+An encoder classifier may carry a ``Screen``: a cascade's first look, a logistic regression over the mean of the
+turn's input word vectors (the encoder's own table, so nothing more is stored), ~0.3 ms. A prompt it scores
+below its threshold passes without the encoder (``HarmScore.screened``); the rest is judged by the encoder.
+Training puts that threshold below every validation prompt the encoder blocks, so the screen changes no
+validation verdict; on ordinary traffic most prompts stop there (docs/results.md, "The cascade").
+
 The folder holds ``classifier.json`` (format, labels, operating threshold, provenance), ``weights.npz`` (the token
 table or the encoder's tensors in float16, coefficients, intercepts) and ``tokenizer.json``: plain arrays and JSON,
 no pickle, so loading a registered version runs no code from the artifact store. Needs ``tokenizers`` and NumPy
@@ -31,7 +37,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,16 +156,48 @@ class EncoderEmbedder(_WordPieces):
         """One encoder pass for all of ``seqs`` (the turns ``judge_turns`` has not seen yet, together)."""
         return self.encoder.sum_many([self.framed(ids) for ids in seqs])
 
+    def word_sums(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
+        """(len(seqs), 384): the sum of each sequence's input word vectors, no layer run: the ``Screen``'s
+        features (normalized: their mean's direction)."""
+        out = np.zeros((len(seqs), HIDDEN), dtype=np.float32)
+        for row, ids in zip(out, seqs, strict=True):
+            row[:] = self.encoder.word[ids].sum(axis=0)
+        return out
+
 
 Embedder = StaticEmbedder | EncoderEmbedder
 
 
 @dataclass(frozen=True)
 class HarmScore:
-    """The classifier's judgement of one prompt: ``score`` = P(harmful), ``category`` its most likely harm."""
+    """The classifier's judgement of one prompt: ``score`` = P(harmful), ``category`` its most likely harm;
+    ``screened``: the ``Screen`` passed it (its score, below the screen's threshold), the encoder did not run."""
 
     score: float
     category: str
+    screened: bool = False
+
+
+@dataclass(frozen=True)
+class Screen:
+    """The cascade's first look at an encoder classifier's prompt: a head over ``EncoderEmbedder.word_sums``
+    (normalized). A prompt scoring below ``threshold`` passes; training sets it at ``screen_margin`` times the
+    lowest screen score of the validation prompts the encoder blocks, never above the classifier's threshold."""
+
+    coef_t: NDArray[np.float32]  # (384, labels)
+    intercept: NDArray[np.float32]
+    threshold: float
+    meta: dict[str, Any] = field(default_factory=dict)  # how the threshold was chosen (classifier.json "screen")
+
+
+@dataclass
+class _Turn:
+    """What a classifier keeps of a turn it has judged: its token ids, the screen's word sums, and the encoder's
+    token sums once a request needed them."""
+
+    ids: NDArray[np.int32]
+    words: NDArray[np.float32] | None
+    sums: NDArray[np.float32] | None
 
 
 class HarmClassifier:
@@ -172,9 +210,14 @@ class HarmClassifier:
         threshold: float,
         version: str = "",
         meta: dict[str, Any] | None = None,
+        screen: Screen | None = None,
     ) -> None:
         if "benign" not in labels or coef.shape != (len(labels), embedder.dim):
             raise ValueError("a harm classifier needs a 'benign' label and one coefficient row per label")
+        if screen is not None and (
+            not isinstance(embedder, EncoderEmbedder) or screen.coef_t.shape != (HIDDEN, len(labels))
+        ):
+            raise ValueError("a screen needs the encoder features and one coefficient row per label")
         self.labels = labels
         self.embedder = embedder
         self.coef_t = np.ascontiguousarray(coef.T, dtype=np.float32)
@@ -182,30 +225,56 @@ class HarmClassifier:
         self.threshold = threshold
         self.version = version
         self.meta = dict(meta or {})
+        self.screen = screen
         self._benign = labels.index("benign")
         self.categories = tuple(label for label in labels if label != "benign")
-        self._turns: OrderedDict[bytes, NDArray[np.float32]] = OrderedDict()  # turn digest -> its token sums
+        self._turns: OrderedDict[bytes, _Turn] = OrderedDict()  # turn digest -> what was computed of it
         self._turns_lock = threading.Lock()
 
     # --- scoring ------------------------------------------------------------------------------------------
 
     def probabilities(self, texts: list[str]) -> NDArray[np.float64]:
-        """(len(texts), len(labels)) class probabilities."""
+        """(len(texts), len(labels)) class probabilities of the full model (the screen not applied)."""
         return self._softmax(self.embedder.embed(texts))
 
-    def _softmax(self, x: NDArray[np.float32]) -> NDArray[np.float64]:
-        logits = (x @ self.coef_t + self.intercept).astype(np.float64)
+    def _softmax(self, x: NDArray[np.float32], screen: Screen | None = None) -> NDArray[np.float64]:
+        coef_t, intercept = (screen.coef_t, screen.intercept) if screen is not None else (self.coef_t, self.intercept)
+        logits = (x @ coef_t + intercept).astype(np.float64)
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits)
         return np.asarray(p / p.sum(axis=1, keepdims=True))
 
     def scores(self, texts: list[str]) -> list[HarmScore]:
-        return self._scores(self.probabilities(texts))
+        """Each text's judgement as the gateway makes it: through the screen first where there is one."""
+        if self.screen is None:
+            return self._scores(self.probabilities(texts))
+        embedder = self.embedder
+        ids = [embedder.ids(t) for t in texts]
+        out = self._screen_scores(ids, self.screen)
+        unsure = [i for i, s in enumerate(out) if s.score >= self.screen.threshold]
+        if unsure:
+            vectors = np.stack([embedder.pool(ids[i]) for i in unsure])
+            for i, score in zip(unsure, self._scores(self._softmax(vectors)), strict=True):
+                out[i] = score
+        return out
 
-    def _scores(self, probs: NDArray[np.float64]) -> list[HarmScore]:
+    def screen_scores(self, texts: list[str], screen: Screen | None = None) -> list[HarmScore]:
+        """Each text's score by ``screen`` (this classifier's own by default) alone, marked ``screened``."""
+        screen = screen or self.screen
+        if screen is None:
+            raise ValueError("this classifier has no screen")
+        return self._screen_scores([self.embedder.ids(t) for t in texts], screen)
+
+    def _screen_scores(self, ids: list[NDArray[np.int64]], screen: Screen) -> list[HarmScore]:
+        embedder = self.embedder
+        if not isinstance(embedder, EncoderEmbedder):
+            raise TypeError("a screen needs the encoder features")
+        return self._scores(self._softmax(unit_rows(embedder.word_sums(ids)), screen), screened=True)
+
+    def _scores(self, probs: NDArray[np.float64], screened: bool = False) -> list[HarmScore]:
         harm = np.delete(probs, self._benign, axis=1)
         return [
-            HarmScore(float(1.0 - row[self._benign]), self.categories[int(np.argmax(h))])
+            HarmScore(float(1.0 - row[self._benign]), self.categories[int(np.argmax(h))], screened)
             for row, h in zip(probs, harm, strict=True)
         ]
 
@@ -217,15 +286,28 @@ class HarmClassifier:
         """The newest of ``turns`` alone, and the newest ``context`` of them joined (a request split over
         turns): the more harmful of the two. Joined is the mean over the turns' token vectors, each turn embedded
         on its own, so a turn is embedded once per conversation: a chat request repeats its earlier turns, which
-        were the newest of earlier requests, and their token sums are kept (the last ``TURN_CACHE`` turns, by a
-        digest of their text). The newest turn's own embedding is the only pass a conversation's request waits
-        for; the encoder's attention stays within a turn."""
-        sums = self.turn_sums(turns[-context:])
+        were the newest of earlier requests, and what was computed of them is kept (the last ``TURN_CACHE``
+        turns, by a digest of their text). With a screen, both are scored by it first and the encoder runs only
+        when one reaches the screen's threshold; the newest turn's own pass is the only one a conversation's
+        request waits for. The encoder's attention stays within a turn."""
+        kept = self._kept(turns[-context:])
+        if self.screen is not None:
+            words = np.stack([t.words for t in kept if t.words is not None])
+            first = self._judge_sums(words, self.screen)
+            if first.score < self.screen.threshold:
+                return replace(first, screened=True)
+        return self._judge_sums(self._encoder_sums(kept))
+
+    def _judge_sums(self, sums: NDArray[np.float32], screen: Screen | None = None) -> HarmScore:
         vecs = np.stack([sums[-1], sums.sum(axis=0)]) if len(sums) > 1 else sums
-        return max(self._scores(self._softmax(unit_rows(vecs))), key=lambda s: s.score)
+        return max(self._scores(self._softmax(unit_rows(vecs), screen)), key=lambda s: s.score)
 
     def turn_sums(self, texts: list[str]) -> NDArray[np.float32]:
         """(len(texts), dim): each text's token sums (``Embedder.sums``), the ones not kept computed in one pass."""
+        return self._encoder_sums(self._kept(texts))
+
+    def _kept(self, texts: list[str]) -> list[_Turn]:
+        """What is kept of each text, a text not seen before tokenized (and its screen features computed)."""
         keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
         with self._turns_lock:
             known = {k: self._turns[k] for k in keys if k in self._turns}
@@ -233,13 +315,28 @@ class HarmClassifier:
                 self._turns.move_to_end(k)
         todo = {k: t for k, t in zip(keys, texts, strict=True) if k not in known}
         if todo:
-            fresh = self.embedder.sums([self.embedder.ids(t) for t in todo.values()])
-            known.update(zip(todo, fresh, strict=True))
+            ids = [self.embedder.ids(t) for t in todo.values()]
+            e = self.embedder
+            words = e.word_sums(ids) if self.screen is not None and isinstance(e, EncoderEmbedder) else None
+            fresh = {
+                k: _Turn(i.astype(np.int32), None if words is None else words[n], None)
+                for n, (k, i) in enumerate(zip(todo, ids, strict=True))
+            }
+            known.update(fresh)
             with self._turns_lock:
-                self._turns.update(zip(todo, fresh, strict=True))
+                self._turns.update(fresh)
                 while len(self._turns) > TURN_CACHE:
                     self._turns.popitem(last=False)
-        return np.stack([known[k] for k in keys])
+        return [known[k] for k in keys]
+
+    def _encoder_sums(self, kept: list[_Turn]) -> NDArray[np.float32]:
+        """The encoder's token sums of each kept turn; those not computed yet in one pass (and kept)."""
+        missing = [t for t in kept if t.sums is None]
+        if missing:
+            # two requests may compute the same turn at once: both get the same values, either is kept
+            for turn, row in zip(missing, self.embedder.sums([t.ids.astype(np.int64) for t in missing]), strict=True):
+                turn.sums = row
+        return np.stack([t.sums for t in kept if t.sums is not None])
 
     def forget_turns(self) -> None:
         """Drop the kept turns (a benchmark's cold start)."""
@@ -247,7 +344,7 @@ class HarmClassifier:
             self._turns.clear()
 
     def blocks(self, score: HarmScore) -> bool:
-        return score.score >= self.threshold
+        return not score.screened and score.score >= self.threshold
 
     # --- files --------------------------------------------------------------------------------------------
 
@@ -255,6 +352,7 @@ class HarmClassifier:
         folder.mkdir(parents=True, exist_ok=True)
         head = {"coef": self.coef_t.T, "intercept": self.intercept}
         e = self.embedder
+        described: dict[str, Any]
         if isinstance(e, EncoderEmbedder):
             fmt, described = ENCODER_FORMAT, {"encoder_layers": e.encoder.layers}
             arrays = {
@@ -262,6 +360,9 @@ class HarmClassifier:
                 "cls_sep": np.array(e.cls_sep),
                 **{n: a.astype(np.float16) for n, a in e.encoder.source.items()},
             }
+            if self.screen is not None:
+                arrays |= {"screen_coef": self.screen.coef_t.T, "screen_intercept": self.screen.intercept}
+                described["screen"] = {**self.screen.meta, "threshold": self.screen.threshold}
         else:
             fmt, described = FORMAT, {}
             arrays = {**head, "table": e.table.astype(np.float16), "skip_ids": np.flatnonzero(e.skip)}
@@ -275,6 +376,8 @@ class HarmClassifier:
             "labels": list(self.labels),
             "threshold": self.threshold,
         }
+        if self.screen is None:
+            meta.pop("screen", None)
         self.meta = meta
         (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return folder
@@ -287,6 +390,7 @@ class HarmClassifier:
             raise ValueError(f"{folder}: not a {FORMAT} or {ENCODER_FORMAT} classifier (format {fmt!r})")
         tokenizer_json = (folder / TOKENIZER_FILE).read_text(encoding="utf-8")
         embedder: Embedder
+        screen = None
         with np.load(folder / WEIGHTS_FILE) as w:
             coef, intercept = w["coef"], w["intercept"]
             if fmt == ENCODER_FORMAT:
@@ -294,6 +398,15 @@ class HarmClassifier:
                 cls_id, sep_id = (int(i) for i in w["cls_sep"])
                 weights = {n: w[n] for n in param_names(layers)}
                 embedder = EncoderEmbedder(tokenizer_json, weights, layers, (cls_id, sep_id))
+                if "screen_coef" in w.files:  # a version trained before the cascade has none
+                    described = {k: v for k, v in meta["screen"].items() if k != "threshold"}
+                    screen = Screen(
+                        np.ascontiguousarray(w["screen_coef"].T, dtype=np.float32),
+                        w["screen_intercept"].astype(np.float32),
+                        float(meta["screen"]["threshold"]),
+                        described,
+                    )
             else:
                 embedder = StaticEmbedder(tokenizer_json, w["table"], tuple(int(i) for i in w["skip_ids"]))
-        return cls(tuple(meta["labels"]), embedder, coef, intercept, float(meta["threshold"]), version, meta)
+        labels = tuple(meta["labels"])
+        return cls(labels, embedder, coef, intercept, float(meta["threshold"]), version, meta, screen)

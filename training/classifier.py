@@ -10,7 +10,9 @@ through the encoder alone, ~30 s on one core, cached per model and mode under th
 input embeddings, instant, for tests). Then fits the multinomial logistic regression on the snapshot's training
 split, then picks its operating threshold on the validation split (``choose_threshold``): the lowest harm score
 at which the false blocks of each benign kind stay within their budgets, so harmful recall is as high as those
-budgets allow. The test split is never looked at here (``evals.harm`` measures it for the gate).
+budgets allow. With ``screen`` (encoder features), ``fit_screen`` then trains the cascade's first look and sets
+its threshold on the validation split below every prompt the encoder blocks there. The test split is never
+looked at here (``evals.harm`` measures it for the gate).
 """
 
 from __future__ import annotations
@@ -25,9 +27,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from core.harm import CONFIG_FILE, WEIGHTS_FILE, Embedder, EncoderEmbedder, HarmClassifier, StaticEmbedder
+from core.harm import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    Embedder,
+    EncoderEmbedder,
+    HarmClassifier,
+    Screen,
+    StaticEmbedder,
+)
 from core.hashing import sha256_file, sha256_files, sha256_text
-from core.minilm import HEADS, HIDDEN, param_names
+from core.minilm import HEADS, HIDDEN, param_names, unit_rows
 from training.config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
 from training.data.snapshot import Snapshot
@@ -132,10 +142,22 @@ def embedder_for(cfg: SafetyClassifierConfig, cache: Path | None = None) -> Embe
 
 def fit(cfg: SafetyClassifierConfig, records: list[dict[str, str]], cache: Path | None = None) -> HarmClassifier:
     """The model on ``records`` (threshold 0.5 until ``choose_threshold`` sets it)."""
-    from sklearn.linear_model import LogisticRegression
-
     embedder = embedder_for(cfg, cache)
     x = embedder.embed([r["text"] for r in records])
+    coef, intercept, weights = regression(cfg, x, records)
+    clf = HarmClassifier(LABELS, embedder, coef, intercept, 0.5)
+    if cfg.features == "encoder" and cfg.finetune_epochs > 0:
+        clf = finetune_encoder(cfg, clf, records, weights)
+    return clf
+
+
+def regression(
+    cfg: SafetyClassifierConfig, x: NDArray[np.float32], records: list[dict[str, str]]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """(coefficients (labels, dim), intercepts, the sample weights): the multinomial logistic regression of the
+    records' labels on their features ``x``."""
+    from sklearn.linear_model import LogisticRegression
+
     y = np.array([LABELS.index(r["label"]) for r in records])
     # benign that sounds risky is weighted up: it is the expensive mistake (a false block of a fair question)
     # and the benign side as a whole weighs benign_ratio times the harmful side: an unfamiliar prompt leans benign
@@ -153,10 +175,40 @@ def fit(cfg: SafetyClassifierConfig, records: list[dict[str, str]], cache: Path 
     else:
         for row, cls in enumerate(model.classes_):
             coef[cls], intercept[cls] = model.coef_[row], model.intercept_[row]
-    clf = HarmClassifier(LABELS, embedder, coef, intercept, 0.5)
-    if cfg.features == "encoder" and cfg.finetune_epochs > 0:
-        clf = finetune_encoder(cfg, clf, records, weights)
-    return clf
+    return coef, intercept, weights
+
+
+def fit_screen(
+    cfg: SafetyClassifierConfig,
+    clf: HarmClassifier,
+    train: list[dict[str, str]],
+    validation: list[dict[str, str]],
+    validation_scores: Sequence[float],
+) -> Screen | None:
+    """The cascade's first look for ``clf`` (encoder features, its threshold chosen): the regression on the
+    training split's mean input word vectors, its threshold ``screen_margin`` times the lowest screen score among
+    the validation prompts ``clf`` blocks (``validation_scores``: clf's own), so no validation verdict changes.
+    None when ``clf`` blocks no validation prompt (nothing to place the cut by)."""
+    e = clf.embedder
+    if not isinstance(e, EncoderEmbedder):
+        raise TypeError("a screen needs the encoder features")
+
+    def features(rows: list[dict[str, str]]) -> NDArray[np.float32]:
+        return unit_rows(e.word_sums([e.ids(r["text"]) for r in rows]))
+
+    coef, intercept, _ = regression(cfg, features(train), train)
+    probe = Screen(np.ascontiguousarray(coef.T, dtype=np.float32), intercept.astype(np.float32), 1.0)
+    first = [s.score for s in clf.screen_scores([r["text"] for r in validation], probe)]
+    blocked = [f for f, v in zip(first, validation_scores, strict=True) if v >= clf.threshold]
+    if not blocked:
+        return None
+    threshold = min(cfg.screen_margin * min(blocked), clf.threshold)
+    escalated = {
+        kind: rates([f for f, r in zip(first, validation, strict=True) if r["kind"] == kind], threshold)
+        for kind in ("harmful", "benign_risky", "benign")
+    }
+    meta = {"margin": cfg.screen_margin, "lowest_blocked": min(blocked), "validation_escalated": escalated}
+    return Screen(probe.coef_t, probe.intercept, threshold, meta)
 
 
 def finetune_encoder(
@@ -266,12 +318,13 @@ def _finetune(
     )
 
 
-def score_split(clf: HarmClassifier, records: list[dict[str, str]]) -> dict[str, list[float]]:
-    """Harm scores by kind (harmful, benign_risky, benign)."""
+def score_split(clf: HarmClassifier, records: list[dict[str, str]]) -> tuple[list[float], dict[str, list[float]]]:
+    """Each record's harm score, and the scores by kind (harmful, benign_risky, benign)."""
+    scores = [s.score for s in clf.scores([r["text"] for r in records])]
     out: dict[str, list[float]] = {"harmful": [], "benign_risky": [], "benign": []}
-    for r, s in zip(records, clf.scores([r["text"] for r in records]), strict=True):
-        out[r["kind"]].append(s.score)
-    return out
+    for r, score in zip(records, scores, strict=True):
+        out[r["kind"]].append(score)
+    return scores, out
 
 
 def train_classifier(
@@ -281,10 +334,15 @@ def train_classifier(
     extra: dict[str, Any] | None = None,
     cache: Path | None = None,
 ) -> ClassifierResult:
-    clf = fit(cfg, list(snapshot.records("train")), cache)
-    val = score_split(clf, list(snapshot.records("validation")))
+    train = list(snapshot.records("train"))
+    clf = fit(cfg, train, cache)
+    records = list(snapshot.records("validation"))
+    scores, val = score_split(clf, records)
     budgets = {"benign_risky": cfg.max_false_block_risky, "benign": cfg.max_false_block_benign}
     clf.threshold = choose_threshold(val["harmful"], {k: val[k] for k in budgets}, budgets, cfg.min_threshold)
+    if cfg.features == "encoder" and cfg.screen:
+        clf.screen = fit_screen(cfg, clf, train, records, scores)
+        _, val = score_split(clf, records)  # the cascade's verdicts (the same by construction), as served
     validation = {
         "harmful_recall": rates(val["harmful"], clf.threshold),
         "benign_risky_false_block": rates(val["benign_risky"], clf.threshold),

@@ -453,6 +453,19 @@ class SafetyClassifierConfig(StrictModel):
         description="Budget of blocked ordinary benign validation prompts the threshold is chosen for.",
     )
     min_threshold: float = Field(0.3, ge=0, le=1, description="The threshold never goes below this harm score.")
+    screen: bool = Field(
+        True,
+        description="'encoder' features: train a screen too (core.harm.Screen), a regression on the prompt's mean "
+        "input word vector that passes the prompts it is sure of without running the encoder (a cascade: at 32 "
+        "streams on 2 cores the encoder on every prompt added p99 +150-200 ms; docs/results.md).",
+    )
+    screen_margin: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="The screen passes a prompt scoring below this share of the lowest screen score among the "
+        "validation prompts the encoder blocks (1: the tightest cut that changes no validation verdict).",
+    )
     model_name: str = Field("safety-classifier", description="Registered model name of the classifier versions.")
     gate_policy: str = Field(
         "configs/gates/safety_classifier.yaml", description="Gate policy (floors per metric) of new versions."

@@ -221,6 +221,8 @@ class Gateway:
             json_schema=req.tool_schema(),
         )
         call.safety_classifier = verdict.classifier if verdict is not None else None
+        if verdict is not None and verdict.classifier and verdict.judged_by:
+            self.metrics.classifier_judged.labels(verdict.classifier, verdict.judged_by).inc()
         if self.refuse(call, verdict):
             await self._queue_for_review(call, verdict)
             await self._start_conversation(call)

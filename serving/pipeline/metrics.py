@@ -69,6 +69,13 @@ class ServingMetrics:
         self.safety_hits = Counter(
             "lifecycle_safety_hits", "Safety-filter hits.", ["model_version", "stage", "rule"], registry=r
         )
+        self.classifier_judged = Counter(
+            "lifecycle_safety_classifier_judged",
+            "Prompts the pre-filter's safety classifier judged, by what decided: its screen alone (no encoder "
+            "pass) or the model (the encoder).",
+            ["classifier_version", "by"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "lifecycle_queue_depth", "Requests waiting for their first token.", ["engine"], registry=r
         )

@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from core.harm import HarmClassifier
 from core.toxicity import ToxicityScorer
@@ -90,10 +91,11 @@ class HarmFilter:
                 return FilterVerdict(True, "pre", UNAVAILABLE, f"safety classifier {self.state}")
             return None
         score = clf.judge_turns(texts, self.cfg.context_turns)
+        by: Literal["screen", "model"] = "screen" if score.screened else "model"
         if clf.blocks(score):
             reason = f"classifier {clf.version} scored {score.score:.3f} >= {clf.threshold:.3f} ({score.category})"
-            return FilterVerdict(True, "pre", RULE_PREFIX + score.category, reason, score.score, clf.version)
-        return FilterVerdict(False, "pre", None, "passed", score.score, clf.version)
+            return FilterVerdict(True, "pre", RULE_PREFIX + score.category, reason, score.score, clf.version, by)
+        return FilterVerdict(False, "pre", None, "passed", score.score, clf.version, by)
 
 
 class HarmWindowScorer:
@@ -135,7 +137,9 @@ class ClassifiedPreFilter:
         harm = self.harm.check(texts) if texts else None
         if harm is not None and harm.blocked:
             return harm
-        return _with_version(verdict, harm.classifier if harm is not None else version)
+        if harm is not None and harm.classifier:
+            return replace(verdict, classifier=harm.classifier, judged_by=harm.judged_by)
+        return _with_version(verdict, version)
 
 
 class RulesPreFilter(Protocol):
@@ -143,6 +147,4 @@ class RulesPreFilter(Protocol):
 
 
 def _with_version(verdict: FilterVerdict, version: str | None) -> FilterVerdict:
-    from dataclasses import replace
-
     return replace(verdict, classifier=version) if version else verdict

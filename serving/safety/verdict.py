@@ -19,3 +19,6 @@ class FilterVerdict:
     reason: str
     score: float | None = None
     classifier: str | None = None  # the safety-classifier version that judged the prompt (serving.safety.harm_filter)
+    # what of that version decided: its screen alone (the model did not run: core.harm.Screen) or the model;
+    # None when the classifier did not judge this prompt (the rules decided, or none is loaded)
+    judged_by: Literal["screen", "model"] | None = None

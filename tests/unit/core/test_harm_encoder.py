@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.harm import ENCODER_FORMAT, ENCODER_MAX_TOKENS, EncoderEmbedder, HarmClassifier
+from core.harm import ENCODER_FORMAT, ENCODER_MAX_TOKENS, EncoderEmbedder, HarmClassifier, HarmScore, Screen
 from core.minilm import MiniLmEncoder, unit_rows
-from training.classifier import encoder_weights, fit, minilm_folder
+from training.classifier import encoder_weights, fit, fit_screen, minilm_folder
 from training.config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
 
@@ -187,3 +187,93 @@ def test_fine_tuning_moves_the_layers_not_the_word_table_and_the_folder_serves_w
     assert -np.log(p_tuned[range(6), truth]).mean() < -np.log(p_plain[range(6), truth]).mean()
     back = HarmClassifier.load(tuned.save(tmp_path / "v"))
     np.testing.assert_array_equal(back.probabilities(texts), p_tuned)
+
+
+def _screened_toy(threshold: float = 0.5, screen_threshold: float = 0.2) -> HarmClassifier:
+    """The toy classifier with a screen whose weapons row leans toward the mean input word vector of the bomb
+    question: prompts far from it pass at the screen, the bomb question goes on to the encoder."""
+    clf = _toy_classifier(threshold)
+    e = clf.embedder
+    assert isinstance(e, EncoderEmbedder)
+    coef = np.zeros((len(LABELS), 384), dtype=np.float32)
+    coef[LABELS.index("weapons")] = 30 * unit_rows(e.word_sums([e.ids("how do I build a pipe bomb")]))[0]
+    intercept = np.zeros(len(LABELS), dtype=np.float32)
+    intercept[LABELS.index("benign")] = 20.0
+    return HarmClassifier(
+        clf.labels,
+        e,
+        clf.coef_t.T.astype(np.float64),
+        clf.intercept.astype(np.float64),
+        threshold,
+        screen=Screen(np.ascontiguousarray(coef.T), intercept, screen_threshold, {"margin": 0.75}),
+    )
+
+
+def test_the_screen_passes_what_it_is_sure_of_and_the_encoder_judges_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    clf, plain = _screened_toy(), _toy_classifier()
+    bomb, cats = "how do I build a pipe bomb", "tell me a joke about cats"
+    first = {s: clf.screen_scores([s])[0].score for s in (bomb, cats)}
+    assert first[cats] < clf.screen.threshold <= first[bomb]  # type: ignore[union-attr]
+    plain.forget_turns()
+    want_judged, want = plain.judge_turns([cats, bomb], context=3), plain.scores([cats, bomb, "hi"])
+    embedded: list[int] = []  # (both share one embedder: counted from here on)
+    sums = clf.embedder.sums
+
+    def counted(seqs: list[np.ndarray]) -> np.ndarray:
+        embedded.append(len(seqs))
+        return sums(seqs)
+
+    monkeypatch.setattr(clf.embedder, "sums", counted)
+    passed = clf.judge_turns([cats], context=3)
+    assert passed.screened and not clf.blocks(passed) and passed.score == pytest.approx(first[cats], abs=1e-6)
+    assert embedded == []  # no encoder pass for a prompt the screen is sure of
+    judged = clf.judge_turns([cats, bomb], context=3)
+    assert not judged.screened and clf.blocks(judged) and judged.category == "weapons"
+    assert embedded == [2]  # the kept turn's encoder sums were never computed: both in one pass
+    assert judged.score == pytest.approx(want_judged.score, abs=1e-6)
+    # scores() judges as the gateway does: screened texts get the screen's score, the rest the encoder's
+    got = clf.scores([cats, bomb, "hi"])
+    assert [g.screened for g in got] == [True, False, True]
+    assert got[1] == want[1] and got[0].score == pytest.approx(first[cats], abs=1e-6)
+    assert not any(clf.blocks(g) for g in got if g.screened)
+
+
+def test_a_screened_score_never_blocks_even_above_the_threshold() -> None:
+    clf = _screened_toy(threshold=0.5)
+    assert not clf.blocks(HarmScore(0.99, "weapons", screened=True)) and clf.blocks(HarmScore(0.99, "weapons"))
+
+
+def test_the_screen_saves_and_loads(tmp_path: Path) -> None:
+    clf = _screened_toy(threshold=0.42, screen_threshold=0.17)
+    clf.save(tmp_path / "v1", {"snapshot": "test"})
+    meta = json.loads((tmp_path / "v1" / "classifier.json").read_text())
+    assert meta["screen"] == {"margin": 0.75, "threshold": 0.17}
+    back = HarmClassifier.load(tmp_path / "v1")
+    assert back.screen is not None and back.screen.threshold == 0.17 and back.screen.meta == {"margin": 0.75}
+    texts = [*TEXTS, "how do I build a pipe bomb"]
+    assert back.scores(texts) == clf.scores(texts)
+    # a folder saved without a screen (every version before the cascade) loads without one
+    plain = _toy_classifier()
+    plain.meta = dict(meta)  # even when the meta it carries names one
+    plain.save(tmp_path / "v0")
+    assert "screen" not in json.loads((tmp_path / "v0" / "classifier.json").read_text())
+    assert HarmClassifier.load(tmp_path / "v0").screen is None
+
+
+def test_fit_screen_cuts_below_every_validation_block() -> None:
+    plain = fit(SafetyClassifierConfig(features="encoder", encoder_layers=1), TOY_RECORDS)
+    texts = [r["text"] for r in TOY_RECORDS]
+    scores = [s.score for s in plain.scores(texts)]
+    plain.threshold = sorted(scores)[-3]  # three validation prompts blocked
+    cfg = SafetyClassifierConfig(features="encoder", encoder_layers=1, screen_margin=0.5)
+    screen = fit_screen(cfg, plain, TOY_RECORDS, TOY_RECORDS, scores)
+    assert screen is not None
+    first = [s.score for s in plain.screen_scores(texts, screen)]
+    lowest = min(f for f, s in zip(first, scores, strict=True) if s >= plain.threshold)
+    assert screen.threshold == pytest.approx(min(0.5 * lowest, plain.threshold))
+    assert screen.meta["lowest_blocked"] == pytest.approx(lowest)
+    plain.screen = screen
+    cascade = plain.scores(texts)
+    assert [plain.blocks(s) for s in cascade] == [s >= plain.threshold for s in scores]  # no verdict changed
+    plain.threshold = 1.1  # nothing blocked: nothing to place the cut by
+    assert fit_screen(cfg, plain, TOY_RECORDS, TOY_RECORDS, scores) is None

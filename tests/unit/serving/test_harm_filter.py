@@ -125,6 +125,9 @@ async def test_the_gateway_refuses_counts_logs_and_queues_for_review(make_harnes
     hits = h.runtime.gateway.metrics.safety_hits
     assert hits.labels("chat/2", "pre", "classifier.self_harm")._value.get() == 1
     assert hits.labels("chat/2", "pre", "classifier.weapons")._value.get() == 1
+    judged = h.runtime.gateway.metrics.classifier_judged  # no screen in this version: the model judged all three
+    assert judged.labels("safety-classifier/1", "model")._value.get() == 3
+    assert judged.labels("safety-classifier/1", "screen")._value.get() == 0
     queue = h.runtime.gateway.review
     assert queue is not None
     items = queue.items()

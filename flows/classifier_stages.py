@@ -4,6 +4,8 @@
     version = train_classifier_stage(cfg, home, snap, flow_run_id="...")      # safety-classifier/N @candidate
     outcome = classifier_gate_stage(cfg, home, version.ref, actor="cli:me")  # eval vs the champion, decide, record
     promote_classifier_stage(cfg, home, version.ref, actor="cli:me")          # champion (previous-champion kept)
+    start_canary_stage(cfg, home, version.ref, actor="cli:me")                # or: challenger, judged beside it
+    outcome = classifier_canary_stage(cfg, home, actor="cli:me")              # promote, roll back or hold
 
 The gateway loads whatever ``serving.safety.classifier`` names (``safety-classifier@champion`` by default) and
 follows the alias (``serving.safety.harm_filter``), so promotion and rollback are alias moves, recorded with reasons
@@ -12,10 +14,12 @@ like a chat model's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from core.errors import LifecycleError, NotFoundError
 from core.harm import HarmClassifier
@@ -27,9 +31,10 @@ from evals.report import EvalReport
 from flows.config import LifecycleConfig
 from flows.gating import gate_record
 from flows.stages import CANDIDATE, CHAMPION, open_registry, open_serving_store
+from monitoring.classifier_canary import CanaryRow, CanaryVerdict, analyze
 from registry.classifier import ClassifierLineage, register_classifier
 from registry.gate import gate_passed, record_gate
-from registry.store import ModelVersion
+from registry.store import ModelVersion, parse_ref
 from serving.safety.harm_filter import judged_category
 from serving.state.schema import TrainingFeedback
 from training.classifier import train_classifier
@@ -124,21 +129,29 @@ def classifier_gate_stage(cfg: LifecycleConfig, home: Home, ref: str, *, actor: 
     return ClassifierGate(reg.get(mv.name, mv.version), decision, report, markdown)
 
 
-def promote_classifier_stage(cfg: LifecycleConfig, home: Home, ref: str, *, actor: str, force: bool = False) -> str:
-    """Make ``ref`` the champion (the old one becomes ``previous-champion``). Refuses a version without a
-    passing gate record unless ``force`` (recorded in the reason). Returns the reason recorded."""
-    reg = open_registry(cfg, home)
-    mv = reg.parse(ref)
+def _gated(mv: ModelVersion, force: bool) -> ModelVersion:
+    """``mv``, when it has a passing gate record or ``force``; a one-line error naming the command otherwise."""
     if not gate_passed(mv) and not force:
         raise LifecycleError(
             f"{mv.ref} has no passing gate record ({mv.tags.get('gate.summary', 'never gated')}); run "
             f"'lifecycle safety-classifier gate {mv.ref}' first"
         )
+    return mv
+
+
+def promote_classifier_stage(
+    cfg: LifecycleConfig, home: Home, ref: str, *, actor: str, force: bool = False, why: str | None = None
+) -> str:
+    """Make ``ref`` the champion (the old one becomes ``previous-champion``). Refuses a version without a
+    passing gate record unless ``force`` (recorded in the reason). Returns the reason recorded (``why`` added)."""
+    reg = open_registry(cfg, home)
+    mv = _gated(reg.parse(ref), force)
     try:
         old = reg.by_alias(mv.name, CHAMPION)
     except NotFoundError:
         old = None
     reason = "gate passed" if gate_passed(mv) else "forced without a passing gate"
+    reason = f"{reason}; {why}" if why else reason
     if old is not None and old.version != mv.version:
         reg.set_alias(mv.name, PREVIOUS, old.version, reason=f"replaced by {mv.ref}", actor=actor)
     reg.set_alias(mv.name, CHAMPION, mv.version, reason=reason, actor=actor)
@@ -158,6 +171,106 @@ def rollback_classifier_stage(cfg: LifecycleConfig, home: Home, *, reason: str, 
     reg.set_alias(name, CHAMPION, previous.version, reason=f"rollback of {current.ref}: {reason}", actor=actor)
     reg.remove_alias(name, PREVIOUS, reason="restored as champion", actor=actor)
     return reg.get(name, previous.version)
+
+
+CANARY_TAGS = ("canary.started_at", "canary.last_decision", "canary.reason", "canary.stats")
+
+
+def canary_alias(cfg: LifecycleConfig) -> str:
+    """The alias the gateway's canary follows (``serving.safety.classifier_canary``: NAME@ALIAS)."""
+    ref = cfg.serving.safety.classifier_canary
+    if not ref:
+        raise LifecycleError("serving.safety.classifier_canary is off: the gateway runs no classifier canary")
+    name, alias, _ = parse_ref(ref)
+    if alias is None or name != cfg.safety_classifier.model_name:
+        raise LifecycleError(
+            f"serving.safety.classifier_canary {ref!r} must be {cfg.safety_classifier.model_name}@ALIAS"
+        )
+    return alias
+
+
+def start_canary_stage(cfg: LifecycleConfig, home: Home, ref: str, *, actor: str, force: bool = False) -> str:
+    """Give ``ref`` the canary alias: the gateways load it beside the champion at their next refresh and
+    ``classifier_canary_stage`` decides. A passing gate record first, unless ``force``. Returns the reason."""
+    reg = open_registry(cfg, home)
+    mv = _gated(reg.parse(ref), force)
+    alias = canary_alias(cfg)
+    reason = "canary started: gate passed" if gate_passed(mv) else "canary started: forced without a passing gate"
+    reg.delete_tags(mv.name, mv.version, [t for t in CANARY_TAGS if t in mv.tags])
+    reg.set_tags(mv.name, mv.version, {"canary.started_at": datetime.now(UTC).isoformat(), "canary.status": "running"})
+    reg.set_alias(mv.name, alias, mv.version, reason=reason, actor=actor)
+    return reason
+
+
+@dataclass(frozen=True)
+class CanaryOutcome:
+    canary: str | None  # the version in canary (None: none)
+    champion: str | None
+    action: str  # promote, rollback, hold, rejected or none
+    reason: str
+    stats: dict[str, float]
+
+
+def canary_rows(rows: Iterable[Any]) -> list[CanaryRow]:
+    """The request-log rows judged by two classifier versions (``safety_shadow_classifier`` set)."""
+    return [
+        CanaryRow(
+            r.safety_classifier, r.pre_filter, r.safety_shadow_classifier, r.safety_shadow_rule, r.feedback_rating
+        )
+        for r in rows
+        if r.safety_shadow_classifier and r.safety_classifier
+    ]
+
+
+def classifier_canary_stage(cfg: LifecycleConfig, home: Home, *, actor: str) -> CanaryOutcome:
+    """One decision on the version holding the canary alias (``monitoring.classifier_canary``), from the request
+    log since its canary started: promote it to champion, roll it back (the alias removed, the version tagged
+    with why), or hold. A canary without a passing gate record loses the alias; with no champion it becomes the
+    champion directly (nothing to compare it with). Every decision is tagged on the version with its figures."""
+    reg = open_registry(cfg, home)
+    name, alias = cfg.safety_classifier.model_name, canary_alias(cfg)
+    try:
+        mv = reg.by_alias(name, alias)
+    except NotFoundError:
+        return CanaryOutcome(None, None, "none", f"no version of {name} has the {alias} alias", {})
+    try:
+        champ: ModelVersion | None = reg.by_alias(name, CHAMPION)
+    except NotFoundError:
+        champ = None
+
+    def end(action: str, status: str, reason: str, verdict: CanaryVerdict | None = None) -> CanaryOutcome:
+        stats = verdict.stats() if verdict is not None else {}
+        tags = {"canary.status": status, "canary.reason": reason, "canary.last_decision": action}
+        reg.set_tags(name, mv.version, tags | ({"canary.stats": json.dumps(stats)} if stats else {}))
+        reg.remove_alias(name, alias, reason=f"canary {action}: {reason}", actor=actor)
+        return CanaryOutcome(mv.ref, champ.ref if champ else None, action, reason, stats)
+
+    if not gate_passed(mv):
+        return end("rejected", "rejected", f"no passing gate record ({mv.tags.get('gate.summary', 'never gated')})")
+    if champ is None or champ.version == mv.version:
+        why = "no champion to compare it with" if champ is None else "it is the champion already"
+        promote_classifier_stage(cfg, home, mv.ref, actor=actor, why=f"canary: {why}")
+        return end("promote", "promoted", why)
+    started = mv.tags.get("canary.started_at")
+    if started is None:  # the alias was set by hand (the MLflow UI): the canary starts now
+        started = datetime.now(UTC).isoformat()
+        reg.set_tags(name, mv.version, {"canary.started_at": started, "canary.status": "running"})
+    with open_serving_store(cfg, home) as db:
+        rows = canary_rows(db.request_log(since=datetime.fromisoformat(started)))
+    verdict = analyze(rows, champion=champ.ref, canary=mv.ref, policy=cfg.monitoring.classifier_canary)
+    if verdict.action == "promote":
+        promote_classifier_stage(cfg, home, mv.ref, actor=actor, why=f"canary: {verdict.reason}")
+        return end("promote", "promoted", verdict.reason, verdict)
+    if verdict.action == "rollback":
+        reg.set_tags(name, mv.version, {"rollback.reason": f"canary: {verdict.reason}"})
+        return end("rollback", "rolled_back", verdict.reason, verdict)
+    tags = {
+        "canary.last_decision": "hold",
+        "canary.reason": verdict.reason,
+        "canary.stats": json.dumps(verdict.stats()),
+    }
+    reg.set_tags(name, mv.version, tags)
+    return CanaryOutcome(mv.ref, champ.ref, "hold", verdict.reason, verdict.stats())
 
 
 def disputed_blocks(rows: Iterable[TrainingFeedback]) -> list[dict[str, str]]:

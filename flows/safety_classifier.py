@@ -3,6 +3,7 @@ version); ``lifecycle safety-classifier train`` runs it, ``... promote`` moves t
 
     lifecycle safety-classifier train                       # generator data, gated against the champion
     lifecycle safety-classifier train --source red_team.jsonl
+    lifecycle safety-classifier canary                      # the ``safety-classifier-canary`` flow: one decision
 
 Tasks are thin wrappers over ``flows.classifier_stages``.
 """
@@ -77,3 +78,23 @@ def safety_classifier_flow(
         gate_summary=outcome.decision.summary if outcome else "not gated",
         metrics=outcome.report.summary() if outcome else {},
     )
+
+
+@flow(name="safety-classifier-canary")
+def safety_classifier_canary_flow(cfg: LifecycleConfig, home: Home) -> stages.CanaryOutcome:
+    """One decision on the safety-classifier version in canary (``lifecycle safety-classifier canary``; schedule
+    it like the rollout controller): promote, roll back or hold, recorded on the version and in the audit log."""
+    run_id = str(flow_run.get_id() or "local")
+    outcome = stages.classifier_canary_stage(cfg, home, actor=f"flow:{run_id}")
+    logger = get_run_logger()
+    (logger.warning if outcome.action in ("rollback", "rejected") else logger.info)(
+        "classifier canary %s: %s (%s)", outcome.canary or "-", outcome.action, outcome.reason
+    )
+    stats = "".join(f"| {k} | {v} |\n" for k, v in outcome.stats.items())
+    create_markdown_artifact(
+        key="safety-classifier-canary",
+        markdown=f"# Classifier canary {outcome.canary or '(none)'}: {outcome.action}\n\n"
+        f"Champion: {outcome.champion or '-'}\n\n{outcome.reason}\n\n"
+        + (f"| figure | value |\n|---|---|\n{stats}" if stats else ""),
+    )
+    return outcome

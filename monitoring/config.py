@@ -174,6 +174,42 @@ class WatchConfig(StrictModel):
     )
 
 
+class ClassifierCanaryPolicy(StrictModel):
+    """When a safety-classifier version in canary is promoted or rolled back (``lifecycle safety-classifier canary``,
+    ``monitoring.classifier_canary``). Rates are over the prompts both versions judged (paired)."""
+
+    min_requests: int = Field(300, ge=1, description="Paired prompts before the canary may be promoted.")
+    max_requests: int = Field(
+        5000,
+        ge=1,
+        description="Paired prompts after which a canary not yet shown within the limits is rolled back.",
+    )
+    max_extra_block_rate: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="Share of prompts the canary blocks and the champion passes (its new false-block risk).",
+    )
+    max_missed_block_rate: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="Share of prompts the champion blocks and the canary passes (what it stops catching).",
+    )
+    max_disputed_increase: float = Field(
+        0.10,
+        ge=0,
+        le=1,
+        description="How much higher the share of the canary's blocks rated thumbs-down may be than the champion's.",
+    )
+    z: float = Field(
+        4.0,
+        gt=0,
+        description="Standard errors a rate must be past its limit for a rollback before max_requests (the gate's "
+        "4-standard-error rule).",
+    )
+
+
 class MonitoringConfig(StrictModel):
     """The ``monitoring:`` section: prompt drift of the request log and the retrain trigger it feeds."""
 
@@ -186,4 +222,8 @@ class MonitoringConfig(StrictModel):
     )
     watch: WatchConfig = Field(
         default_factory=WatchConfig, description="The champion watch: what Prometheus' alerts do (lifecycle watch)."
+    )
+    classifier_canary: ClassifierCanaryPolicy = Field(
+        default_factory=ClassifierCanaryPolicy,
+        description="When a safety-classifier version in canary is promoted or rolled back.",
     )

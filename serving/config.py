@@ -108,6 +108,19 @@ class SafetyConfig(StrictModel):
         description="When the classifier cannot be loaded (no version has the alias yet): serve with the rules "
         "alone, or block every prompt. Logged either way.",
     )
+    classifier_canary: str | None = Field(
+        "safety-classifier@challenger",
+        description="A classifier version in canary (NAME@ALIAS, followed like 'classifier'): while the alias names "
+        "a version other than the classifier's, both judge every prompt; the canary decides for "
+        "classifier_canary_percent of conversations, the other judges in shadow, and the request log keeps both "
+        "verdicts for 'lifecycle safety-classifier canary' (promote or roll back). null: no canary.",
+    )
+    classifier_canary_percent: int = Field(
+        10,
+        ge=0,
+        le=100,
+        description="Share of conversations (by their first user turn) whose prompts the canary version decides.",
+    )
     context_turns: int = Field(
         3, ge=1, description="The classifier also judges the newest this-many user turns joined (1: newest only)."
     )

@@ -108,8 +108,7 @@ class GatewayRuntime:
         """Load the configured versions (blocking). Errors are kept for /readyz rather than killing the server,
         so an operator sees why it is not ready."""
         try:
-            if self.gateway.filters.harm is not None:
-                self.gateway.filters.harm.refresh()
+            self.gateway.filters.refresh()
             self.gateway.router.load_configured()
             self.loaded = True
             log.info("gateway ready: %s", ", ".join(s.header() for s in self.gateway.router.models()))
@@ -203,8 +202,8 @@ class GatewayRuntime:
         """Follow the registry (the router logs each change); a failure is logged and retried next time."""
         router = self.gateway.router
         try:
-            if self.gateway.filters.harm is not None:  # the safety classifier follows its alias too
-                await anyio.to_thread.run_sync(self.gateway.filters.harm.refresh)
+            # the safety classifier (and its canary) follow their aliases too
+            await anyio.to_thread.run_sync(self.gateway.filters.refresh)
             await anyio.to_thread.run_sync(router.refresh)
             await router.unload_adapters()
         except Exception:

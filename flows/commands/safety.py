@@ -1,4 +1,4 @@
-"""The safety classifier's commands: ``safety-classifier train|gate|promote|rollback|review|feedback``.
+"""The safety classifier's commands: ``safety-classifier train|gate|promote|canary|rollback|review|feedback``.
 
 One command with an action, so the classifier's lifecycle reads as one group in ``lifecycle --help``; each action
 calls the same adapters the ``safety-classifier`` flow does (``flows.classifier_stages``).
@@ -13,18 +13,22 @@ from pathlib import Path
 from core.errors import ConfigError
 from flows.commands.base import Arg, Context, command, say
 
-ACTIONS = ("train", "gate", "promote", "rollback", "review", "feedback")
+ACTIONS = ("train", "gate", "promote", "canary", "rollback", "review", "feedback")
 
 
 @command(
     "safety-classifier",
     help="the harm-intent classifier of the pre-filter: train (snapshot, train, register, gate; a Prefect flow), "
-    "gate a version, promote it to champion (the gateway follows the alias), roll back, or list/export the "
+    "gate a version, promote it to champion (the gateway follows the alias) or into a canary beside the champion "
+    "(promote --canary), decide the canary from live traffic (canary: promote, roll back or hold), roll back, "
+    "or list/export the "
     "human-review queue of its high-stakes blocks, or export the blocks users disputed as proposed training "
     "prompts for a person to review",
     example="lifecycle safety-classifier train\n"
     "  lifecycle safety-classifier train --source red_team.jsonl\n"
     "  lifecycle safety-classifier promote safety-classifier/2\n"
+    "  lifecycle safety-classifier promote safety-classifier/3 --canary   # then, on a schedule:\n"
+    "  lifecycle safety-classifier canary\n"
     "  lifecycle safety-classifier rollback --reason 'false blocks on cooking questions'\n"
     "  lifecycle safety-classifier review --export review.jsonl\n"
     "  lifecycle safety-classifier feedback --export disputed.jsonl   # review it, then: train --source",
@@ -35,6 +39,11 @@ ACTIONS = ("train", "gate", "promote", "rollback", "review", "feedback")
         Arg("--snapshot", metavar="HASH", help="train: on this existing harm snapshot"),
         Arg("--no-gate", action="store_true", help="train: register without gating"),
         Arg("--force", action="store_true", help="promote: without a passing gate record (recorded as such)"),
+        Arg(
+            "--canary",
+            action="store_true",
+            help="promote: into a canary (the serving.safety.classifier_canary alias) instead of champion",
+        ),
         Arg("--reason", default="manual rollback", help="rollback: why (tagged on the rolled-back version)"),
         Arg("--category", help="review: only this category"),
         Arg("--export", metavar="FILE", help="review: write the queue as JSONL to FILE; feedback: the proposals"),
@@ -74,10 +83,25 @@ def safety_classifier(ctx: Context) -> int:
             [outcome.markdown],
         )
         return 0 if outcome.decision.passed else 1
+    if args.action == "promote" and args.canary:
+        reason = stages.start_canary_stage(cfg, ctx.home, args.ref, actor=actor, force=args.force)
+        alias = stages.canary_alias(cfg)
+        ctx.emit(
+            {"canary": args.ref, "alias": alias, "reason": reason},
+            [f"{args.ref} is now {alias}: gateways judge with it beside the champion ({reason})"],
+        )
+        return 0
     if args.action == "promote":
         reason = stages.promote_classifier_stage(cfg, ctx.home, args.ref, actor=actor, force=args.force)
         ctx.emit({"champion": args.ref, "reason": reason}, [f"{args.ref} is now champion ({reason})"])
         return 0
+    if args.action == "canary":
+        from flows.safety_classifier import safety_classifier_canary_flow
+
+        canary = safety_classifier_canary_flow(cfg, ctx.home)
+        head = f"canary {canary.canary or '-'} vs champion {canary.champion or '-'}: {canary.action}"
+        ctx.emit(asdict(canary), [head, f"  {canary.reason}", *(f"  {k:<28} {v}" for k, v in canary.stats.items())])
+        return 1 if canary.action in ("rollback", "rejected") else 0
     if args.action == "rollback":
         restored = stages.rollback_classifier_stage(cfg, ctx.home, reason=args.reason, actor=actor)
         ctx.emit({"champion": restored.ref}, [f"champion is {restored.ref} again"])

@@ -12,6 +12,7 @@ from serving.engines.brownout import BrownoutDecision
 from serving.engines.engine import TokenLogprob
 from serving.engines.router import ServedModel
 from serving.pipeline.shadow import ShadowRun
+from serving.safety.verdict import FilterVerdict
 from serving.state.store import ApiKey
 from serving.wire import protocol
 
@@ -46,6 +47,8 @@ class Call:
     pre_filter: str | None = None
     post_filter: str | None = None
     safety_classifier: str | None = None  # the classifier version that judged the prompt (serving.safety.harm_filter)
+    safety_shadow_classifier: str | None = None  # during a classifier canary, the version judging in shadow
+    safety_shadow_rule: str | None = None  # and what it would have done (its rule, or "passed")
     error: str | None = None
     http_status: int = 200  # what the client was told: a stream failing after its 200 carries its error's status
     want_logprobs: int | None = None  # text completions: top candidates per generated token (None: no logprobs)
@@ -65,6 +68,13 @@ class Call:
         ttft_ms = (first - self.started) * 1000 if first else None
         tpot_ms = (end - first) * 1000 / (self.completion_tokens - 1) if first and self.completion_tokens > 1 else None
         return ttft_ms, tpot_ms, (end - self.started) * 1000
+
+    def note_classifiers(self, verdict: FilterVerdict | None) -> None:
+        """The classifier version that judged the prompt, and during a classifier canary the one that judged it in
+        shadow with what it would have done (``serving.safety.harm_filter``)."""
+        if verdict is not None:
+            self.safety_classifier = verdict.classifier
+            self.safety_shadow_classifier, self.safety_shadow_rule = verdict.shadow_classifier, verdict.shadow_rule
 
     def headers(self) -> dict[str, str]:
         out = {"x-request-id": self.request_id, "x-model-version": self.served.header()}

@@ -220,7 +220,7 @@ class Gateway:
             context_turns=len(history) + len(new_messages),
             json_schema=req.tool_schema(),
         )
-        call.safety_classifier = verdict.classifier if verdict is not None else None
+        call.note_classifiers(verdict)
         if verdict is not None and verdict.classifier and verdict.judged_by:
             self.metrics.classifier_judged.labels(verdict.classifier, verdict.judged_by).inc()
         if self.refuse(call, verdict):

@@ -97,6 +97,8 @@ class Recorder:
                     refusal=is_refusal(text) if call.status == "ok" else None,
                     context_turns=call.context_turns,
                     safety_classifier=call.safety_classifier,
+                    safety_shadow_classifier=call.safety_shadow_classifier,
+                    safety_shadow_rule=call.safety_shadow_rule,
                     cost_usd=cost_usd,
                 )
             )

@@ -46,12 +46,19 @@ __all__ = [
 class SafetyFilters:
     """What the gateway holds: the pre-filter, and a factory of per-reply stream filters sharing compiled patterns."""
 
-    def __init__(self, cfg: SafetyConfig, scorer: ToxicityScorer, harm: HarmFilter | None = None) -> None:
+    def __init__(
+        self,
+        cfg: SafetyConfig,
+        scorer: ToxicityScorer,
+        harm: HarmFilter | None = None,
+        canary: HarmFilter | None = None,
+    ) -> None:
         self.cfg = cfg
         self.scorer = scorer
         self.harm = harm  # the safety classifier (serving.safety.harm_filter), judging prompts after the rules
+        self.canary = canary if harm is not None else None  # a classifier version in canary beside it
         self.pre: PreFilter | ClassifiedPreFilter = (
-            PreFilter(cfg, scorer) if harm is None else ClassifiedPreFilter(PreFilter(cfg, scorer), harm)
+            PreFilter(cfg, scorer) if harm is None else ClassifiedPreFilter(PreFilter(cfg, scorer), harm, self.canary)
         )
         self._patterns = compile_output_patterns(cfg.blocked_output_patterns)
         # a scorer that can say which words it may flag lets unfinished words go out at once (serving.safety.postfilter)
@@ -62,6 +69,12 @@ class SafetyFilters:
             self._post_scorer = HarmWindowScorer(scorer, harm, cfg.toxicity_threshold)
             self._word_prefixes = None
 
+    def refresh(self) -> None:
+        """Follow the classifier's alias and the canary's (blocking: loads a version's folder when one moved)."""
+        for harm in (self.harm, self.canary):
+            if harm is not None:
+                harm.refresh()
+
     def stream(self) -> StreamFilter:
         return StreamFilter(self.cfg, self._post_scorer, patterns=self._patterns, word_prefixes=self._word_prefixes)
 
@@ -71,6 +84,8 @@ class SafetyFilters:
 
 def build_filters(cfg: SafetyConfig, registry: ClassifierRegistry | None = None) -> SafetyFilters:
     """The production filters: alt-profanity-check's model (see ``CompiledProfanityScorer``) behind both stages,
-    and the safety classifier ``cfg.classifier`` names, loaded from ``registry`` (``HarmFilter.refresh``)."""
+    and the safety classifier ``cfg.classifier`` names, loaded from ``registry`` (``HarmFilter.refresh``), with the
+    canary version ``cfg.classifier_canary`` names beside it while that alias exists."""
     harm = HarmFilter(cfg, registry) if cfg.classifier and registry is not None else None
-    return SafetyFilters(cfg, CompiledProfanityScorer(), harm)
+    canary = HarmFilter(cfg, registry, canary=True) if harm is not None and cfg.classifier_canary else None
+    return SafetyFilters(cfg, CompiledProfanityScorer(), harm, canary)

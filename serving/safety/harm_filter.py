@@ -15,10 +15,19 @@ header and the request log.
 When the alias names no version (or loading fails), ``classifier_missing`` decides: ``rules-only`` serves with
 the rules and the toxicity scorer alone, ``fail-closed`` blocks every prompt (rule ``classifier.unavailable``);
 either way it is logged once per change and /readyz can show it (``HarmFilter.state``).
+
+A canary (``serving.safety.classifier_canary``, ``safety-classifier@challenger`` by default): while that alias
+names another version, a second ``HarmFilter`` holds it and both judge every prompt. For
+``classifier_canary_percent`` of conversations (a hash of their first user turn, so a conversation stays with
+one version) the canary's verdict is the one served; the other version's verdict rides along as the shadow
+(``FilterVerdict.shadow_classifier`` / ``shadow_rule``, kept in the request log), which is what
+``lifecycle safety-classifier canary`` compares (``monitoring.classifier_canary``). When the alias goes (promoted
+or rolled back) the canary's version is dropped at the next refresh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -53,17 +62,20 @@ class ClassifierRegistry(Protocol):
 
 
 class HarmFilter:
-    """Holds the classifier the alias names now; ``refresh`` follows the alias (thread-safe swap)."""
+    """Holds the classifier the alias names now; ``refresh`` follows the alias (thread-safe swap). ``canary``:
+    this one holds ``cfg.classifier_canary``, dropped when its alias goes, never failing closed."""
 
-    def __init__(self, cfg: SafetyConfig, registry: ClassifierRegistry | None) -> None:
+    def __init__(self, cfg: SafetyConfig, registry: ClassifierRegistry | None, *, canary: bool = False) -> None:
         self.cfg = cfg
         self.registry = registry
+        self.canary = canary
+        self.ref = cfg.classifier_canary if canary else cfg.classifier
         self.classifier: HarmClassifier | None = None
         self.state = "not loaded"
         self._lock = threading.Lock()
 
     def refresh(self) -> None:
-        ref = self.cfg.classifier
+        ref = self.ref
         if not ref or self.registry is None:
             self.state = "disabled"
             return
@@ -73,6 +85,14 @@ class HarmFilter:
                 return
             clf = HarmClassifier.load(self.registry.resolve(mv.ref), version=mv.ref)
         except Exception as exc:  # no such alias yet, a broken artifact: keep serving, as configured
+            if self.canary:  # no canary now (the usual state), or it ended: promoted or rolled back
+                state = f"no canary ({ref}: {type(exc).__name__})"
+                if self.classifier is not None:
+                    log.info("safety classifier canary %s ended: %s", self.classifier.version, state)
+                with self._lock:
+                    self.classifier = None
+                self.state = state
+                return
             state = f"{ref} unavailable ({type(exc).__name__}: {exc}); {self.cfg.classifier_missing}"
             if state != self.state and self.classifier is None:
                 log.warning("safety classifier %s", state)
@@ -81,13 +101,14 @@ class HarmFilter:
         with self._lock:
             self.classifier = clf
         self.state = f"loaded {mv.ref}"
-        log.info("safety classifier %s loaded (threshold %.3f)", mv.ref, clf.threshold)
+        role = "canary" if self.canary else "classifier"
+        log.info("safety %s %s loaded (threshold %.3f)", role, mv.ref, clf.threshold)
 
     def check(self, texts: list[str]) -> FilterVerdict | None:
-        """None when it passes the prompt (or is off); a verdict naming the version otherwise."""
+        """None when it is off; a verdict naming the version that judged otherwise."""
         clf = self.classifier
         if clf is None:
-            if self.cfg.classifier and self.cfg.classifier_missing == "fail-closed":
+            if self.cfg.classifier and self.cfg.classifier_missing == "fail-closed" and not self.canary:
                 return FilterVerdict(True, "pre", UNAVAILABLE, f"safety classifier {self.state}")
             return None
         score = clf.judge_turns(texts, self.cfg.context_turns)
@@ -121,11 +142,13 @@ class HarmWindowScorer:
 
 
 class ClassifiedPreFilter:
-    """The pre-filter with the classifier: the named rules and the toxicity scorer first, then the classifier."""
+    """The pre-filter with the classifier: the named rules and the toxicity scorer first, then the classifier (and,
+    during a canary, the canary version beside it: the module docstring)."""
 
-    def __init__(self, rules: RulesPreFilter, harm: HarmFilter) -> None:
+    def __init__(self, rules: RulesPreFilter, harm: HarmFilter, canary: HarmFilter | None = None) -> None:
         self.rules = rules
         self.harm = harm
+        self.canary = canary
 
     def check(self, messages: list[dict[str, str]]) -> FilterVerdict:
         verdict = self.rules.check(messages)
@@ -135,11 +158,34 @@ class ClassifiedPreFilter:
         texts = [m.get("content") or "" for m in messages if m.get("role") in ("user", "tool")]
         texts = [t for t in texts if t.strip()]
         harm = self.harm.check(texts) if texts else None
-        if harm is not None and harm.blocked:
-            return harm
-        if harm is not None and harm.classifier:
-            return replace(verdict, classifier=harm.classifier, judged_by=harm.judged_by)
-        return _with_version(verdict, version)
+        if harm is None or harm.rule == UNAVAILABLE:
+            return harm or _with_version(verdict, version)
+        decider, shadow = harm, self._canary_check(texts, harm)
+        if shadow is not None and self._canary_decides(texts[0]):
+            decider, shadow = shadow, decider
+        other = shadow.classifier if shadow is not None else None
+        other_rule = (shadow.rule if shadow.blocked else "passed") if shadow is not None else None
+        if decider.blocked:
+            return replace(decider, shadow_classifier=other, shadow_rule=other_rule)
+        return replace(
+            verdict,
+            classifier=decider.classifier,
+            judged_by=decider.judged_by,
+            shadow_classifier=other,
+            shadow_rule=other_rule,
+        )
+
+    def _canary_check(self, texts: list[str], harm: FilterVerdict) -> FilterVerdict | None:
+        """The canary version's verdict on the same turns; None without a canary (or when it is the champion)."""
+        canary = self.canary.classifier if self.canary is not None else None
+        if canary is None or self.canary is None or canary.version == harm.classifier:
+            return None
+        return self.canary.check(texts)
+
+    def _canary_decides(self, first_turn: str) -> bool:
+        """Whether this conversation is in the canary's share (its first user turn, hashed: stable per conversation)."""
+        digest = hashlib.blake2b(first_turn.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        return int.from_bytes(digest, "big") % 100 < self.harm.cfg.classifier_canary_percent
 
 
 class RulesPreFilter(Protocol):

@@ -22,3 +22,7 @@ class FilterVerdict:
     # what of that version decided: its screen alone (the model did not run: core.harm.Screen) or the model;
     # None when the classifier did not judge this prompt (the rules decided, or none is loaded)
     judged_by: Literal["screen", "model"] | None = None
+    # during a classifier canary (serving.safety.classifier_canary): the other version, which judged the same turns
+    # in shadow, and what it would have done (its rule, or "passed")
+    shadow_classifier: str | None = None
+    shadow_rule: str | None = None

@@ -180,6 +180,10 @@ log_t = sa.Table(
     sa.Column("feedback_at", UtcDateTime),
     # added with the safety classifier: the version that judged the prompt (serving.safety.harm_filter)
     sa.Column("safety_classifier", sa.String(200)),
+    # added with the classifier canary: the other version that judged the prompt in shadow while a canary ran, and
+    # what it would have done (its rule, or "passed")
+    sa.Column("safety_shadow_classifier", sa.String(200)),
+    sa.Column("safety_shadow_rule", sa.String(200)),
     # added with cost accounting: this request's share of its engine's busy time, priced (serving.pipeline.cost)
     sa.Column("cost_usd", sa.Float),
     sa.Index("ix_request_log_version_at", "model_version", "at"),
@@ -328,6 +332,8 @@ class RequestLogEntry:
     feedback_comment: str | None = None
     feedback_at: datetime | None = None
     safety_classifier: str | None = None
+    safety_shadow_classifier: str | None = None  # during a classifier canary: the version judging in shadow
+    safety_shadow_rule: str | None = None  # what it would have done: its rule (classifier.<category>) or "passed"
     cost_usd: float | None = None  # None: before cost accounting, or never reached an engine's accounting
 
 

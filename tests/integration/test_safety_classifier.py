@@ -66,3 +66,76 @@ async def test_the_flow_trains_registers_and_the_gateway_serves_the_champion(
         assert risky.headers["x-safety-classifier-version"] == version.ref
     finally:
         h.runtime.shutdown()
+
+
+def _register(reg, home: Home, version_seed: int, threshold: float):  # type: ignore[no-untyped-def]
+    """A keyword classifier registered as a new safety-classifier version with a passing gate record."""
+    from support.harm_fixture import saved_keyword_classifier
+
+    from registry.classifier import ClassifierLineage, register_classifier
+
+    folder = saved_keyword_classifier(home.root / f"clf-{version_seed}", threshold)
+    lineage = ClassifierLineage(
+        snapshot="test", weights_hash=f"w{version_seed}", config_hash="c", threshold=threshold,
+        token_table="input", git_sha="test", flow_run_id="test",
+    )  # fmt: skip
+    mv = register_classifier(reg, "safety-classifier", lineage, folder, params={}, metrics={})
+    reg.set_tags(mv.name, mv.version, {"gate.status": "passed", "gate.summary": "passed (test)"})
+    return reg.get(mv.name, mv.version)
+
+
+def _paired(db, canary: str, champion: str, n: int, extra: int) -> None:  # type: ignore[no-untyped-def]
+    """``n`` requests judged by both versions during the canary, the canary blocking ``extra`` the champion passed."""
+    from datetime import UTC, datetime
+
+    from serving.state.store import RequestLogEntry
+
+    for i in range(n):
+        db.log_request(
+            RequestLogEntry(
+                request_id=f"{canary}-{i}", at=datetime.now(UTC), model="chat", status="ok", http_status=200,
+                safety_classifier=champion, pre_filter=None, safety_shadow_classifier=canary,
+                safety_shadow_rule="classifier.weapons" if i < extra else "passed",
+            )
+        )  # fmt: skip
+
+
+async def test_a_classifier_canary_is_rolled_back_or_promoted_from_the_request_log(
+    prefect_harness: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from flows import cli
+    from flows.classifier_stages import classifier_canary_stage, promote_classifier_stage, start_canary_stage
+    from flows.stages import open_registry, open_serving_store
+
+    home = Home(tmp_path / "home")
+    cfg = load_config(CONFIG_DIR / "tiny.yaml", engine_overrides())
+    reg = open_registry(cfg, home)
+    v1, v2, v3 = (_register(reg, home, i, 0.5) for i in (1, 2, 3))
+    assert classifier_canary_stage(cfg, home, actor="test").action == "none"
+    promote_classifier_stage(cfg, home, v1.ref, actor="test")
+    start_canary_stage(cfg, home, v2.ref, actor="test")
+    assert "challenger" in reg.get("safety-classifier", v2.version).aliases
+    held = classifier_canary_stage(cfg, home, actor="test")
+    assert (held.action, held.canary, held.champion) == ("hold", v2.ref, v1.ref) and "0 of 300" in held.reason
+
+    with open_serving_store(cfg, home) as db:  # what `lifecycle serve` writes during the canary
+        _paired(db, v2.ref, v1.ref, 200, extra=30)  # the canary blocks 15% the champion passes
+    argv = ["safety-classifier", "canary", "--config", str(CONFIG_DIR / "tiny.yaml"), "--home", str(home.root)]
+    assert cli.main([*argv, "--json"]) == 1  # a rollback exits non-zero (a scheduled run shows red)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["action"] == "rollback" and printed["stats"]["extra_blocks"] == 30
+    rolled = reg.get("safety-classifier", v2.version)
+    assert "challenger" not in rolled.aliases and rolled.tags["canary.status"] == "rolled_back"
+    assert "extra blocks 30/200" in rolled.tags["canary.reason"] and rolled.tags["rollback.reason"].startswith("canary")
+    assert "champion" in reg.get("safety-classifier", v1.version).aliases  # the champion never moved
+
+    start_canary_stage(cfg, home, v3.ref, actor="test")
+    with open_serving_store(cfg, home) as db:
+        _paired(db, v3.ref, v1.ref, 320, extra=1)
+    promoted = classifier_canary_stage(cfg, home, actor="test")
+    assert promoted.action == "promote" and "320 paired prompts" in promoted.reason
+    now = reg.get("safety-classifier", v3.version)
+    assert "champion" in now.aliases and "challenger" not in now.aliases and now.tags["canary.status"] == "promoted"
+    assert "previous-champion" in reg.get("safety-classifier", v1.version).aliases

@@ -284,8 +284,8 @@ def disputed_blocks(rows: Iterable[TrainingFeedback]) -> list[dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for r in rows:
         category = judged_category(r.pre_filter)  # not a rule's block, nor a fail-closed one no classifier judged
-        if not (r.rating == -1 and r.status == "content_filter" and category is not None):
-            continue
+        if not (r.rating == -1 and r.status == "content_filter" and category is not None) or r.reason == "unsafe":
+            continue  # (a refusal rated "unsafe" does not dispute the block)
         if not (r.opted_in and not r.deleted and r.prompt):
             continue
         users = [content for role, content in r.prompt if role == "user"]
@@ -304,7 +304,44 @@ def disputed_blocks(rows: Iterable[TrainingFeedback]) -> list[dict[str, str]]:
     return list(out.values())
 
 
-def disputed_blocks_stage(cfg: LifecycleConfig, home: Home, until: datetime | None = None) -> list[dict[str, str]]:
-    """``disputed_blocks`` of the serving database ``lifecycle serve`` writes (ratings before ``until``)."""
+def unsafe_answers(rows: Iterable[TrainingFeedback], clf: HarmClassifier | None) -> list[dict[str, str]]:
+    """Proposed harmful training prompts from the gateway's feedback: each prompt the pre-filter let through whose
+    asker rated the answer thumbs-down with ``reason: unsafe`` (the model helped with something it should not
+    have), in the ``--source`` JSONL form. The label proposed is ``clf``'s most likely harm category for the
+    prompt (empty without a classifier: ``train --source`` refuses a line until a person sets one). The same
+    consent, one-turn and one-line-per-prompt rules as ``disputed_blocks``; a person reviews these too (a thumbs
+    down may be mistaken or malicious)."""
+    out: dict[str, dict[str, str]] = {}
+    for r in rows:
+        if not (r.rating == -1 and r.reason == "unsafe" and r.status == "ok" and r.pre_filter is None):
+            continue
+        if not (r.opted_in and not r.deleted and r.prompt):
+            continue
+        users = [content for role, content in r.prompt if role == "user"]
+        if len(users) != 1 or not users[0].strip():
+            continue
+        text = users[0].strip()
+        out[loose_text(text)] = {
+            "text": text,
+            "label": clf.scores([text])[0].category if clf is not None else "",
+            "kind": "harmful",
+            "source": "feedback:unsafe-answer",
+            "label_by": f"{clf.version}'s most likely category: confirm or correct" if clf is not None else "",
+            "classifier": r.safety_classifier or "",
+            "model_version": r.model_version or "",
+            "response_id": r.response_id,
+            "rated_at": r.at.isoformat(),
+        }
+    return list(out.values())
+
+
+def feedback_proposals_stage(cfg: LifecycleConfig, home: Home, until: datetime | None = None) -> list[dict[str, str]]:
+    """What the serving database's feedback proposes for the classifier's next snapshot: the disputed blocks
+    (benign) and the unsafe answers (harmful, labelled by the champion classifier where there is one)."""
     with open_serving_store(cfg, home) as db:
-        return disputed_blocks(db.training_feedback(until))
+        rows = db.training_feedback(until)
+    try:
+        _, champion = load_classifier(cfg, home, f"{cfg.safety_classifier.model_name}@{CHAMPION}")
+    except (NotFoundError, LifecycleError):
+        champion = None
+    return disputed_blocks(rows) + unsafe_answers(rows, champion)

@@ -22,8 +22,8 @@ ACTIONS = ("train", "gate", "promote", "canary", "rollback", "review", "feedback
     "gate a version, promote it to champion (the gateway follows the alias) or into a canary beside the champion "
     "(promote --canary), decide the canary from live traffic (canary: promote, roll back or hold), roll back, "
     "or list/export the "
-    "human-review queue of its high-stakes blocks, or export the blocks users disputed as proposed training "
-    "prompts for a person to review",
+    "human-review queue of its high-stakes blocks, or export what feedback proposes for its next training data "
+    "(refusals users disputed, answers users rated unsafe) for a person to review",
     example="lifecycle safety-classifier train\n"
     "  lifecycle safety-classifier train --source red_team.jsonl\n"
     "  lifecycle safety-classifier promote safety-classifier/2\n"
@@ -107,7 +107,7 @@ def safety_classifier(ctx: Context) -> int:
         ctx.emit({"champion": restored.ref}, [f"champion is {restored.ref} again"])
         return 0
     if args.action == "feedback":
-        proposals = stages.disputed_blocks_stage(cfg, ctx.home)
+        proposals = stages.feedback_proposals_stage(cfg, ctx.home)
         if args.export:
             Path(args.export).write_text(
                 "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in proposals), encoding="utf-8"
@@ -116,10 +116,14 @@ def safety_classifier(ctx: Context) -> int:
         ctx.emit(
             {"proposals": proposals},
             [
-                f"{p['rated_at']}  blocked as {p['blocked_as']:<10} {p['classifier']}  {p['text'][:60]!r}"
+                f"{p['rated_at']}  {p['source']:<24} {p['label'] or '(no label)':<10} {p['classifier']}  "
+                f"{p['text'][:60]!r}"
                 for p in proposals
             ]
-            or ["no disputed block (a classifier refusal rated thumbs-down by a key opted in to training)"],
+            or [
+                "no proposal (a classifier refusal rated thumbs-down, or an answer rated thumbs-down as unsafe, by a "
+                "key opted in to training)"
+            ],
         )
         return 0
     from serving.state.review import ReviewQueue

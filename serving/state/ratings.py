@@ -25,6 +25,9 @@ from serving.state.database import Database, utc_now
 from serving.state.schema import Feedback, TrainingFeedback, conversations_t, keys_t, log_t, messages_t, to_utc
 
 RATEABLE = ("ok", "content_filter")  # answers the client saw (the statuses whose turns a conversation keeps)
+# why a thumbs down, when the client says: "unsafe" (the answer helped with something harmful: its prompt is
+# proposed to the safety classifier's next snapshot), "wrong_refusal" (refused a fair request), "incorrect", "other"
+FEEDBACK_REASONS = ("unsafe", "wrong_refusal", "incorrect", "other")
 _IN_CHUNK = 500
 
 
@@ -36,10 +39,13 @@ def record(
     better_answer: str | None,
     comment: str | None,
     now: datetime,
+    reason: str | None = None,
 ) -> Feedback:
     """Store ``rating`` (+1/-1) on the key's answer ``response_id`` (see the module docstring)."""
     if rating not in (1, -1):
         raise DataError(f"a rating is 1 (thumbs up) or -1 (thumbs down), got {rating!r}")
+    if reason is not None and (reason not in FEEDBACK_REASONS or rating != -1):
+        raise DataError(f"a reason ({', '.join(FEEDBACK_REASONS)}) goes with a thumbs down, got {reason!r}")
     c = log_t.c
     rows = conn.execute(
         sa.select(c.id, c.status, c.model_version).where(
@@ -57,9 +63,15 @@ def record(
     conn.execute(
         sa.update(log_t)
         .where(c.id.in_([r.id for r in answered]))
-        .values(feedback_rating=rating, feedback_better=better, feedback_comment=note, feedback_at=at)
+        .values(
+            feedback_rating=rating,
+            feedback_better=better,
+            feedback_comment=note,
+            feedback_at=at,
+            feedback_reason=reason,
+        )
     )
-    return Feedback(response_id, answered[0].model_version, rating, better, note, at)
+    return Feedback(response_id, answered[0].model_version, rating, better, note, at, reason)
 
 
 def training_rows(conn: sa.Connection, until: datetime | None) -> list[TrainingFeedback]:
@@ -82,6 +94,7 @@ def training_rows(conn: sa.Connection, until: datetime | None) -> list[TrainingF
             lg.feedback_rating,
             lg.feedback_better,
             lg.feedback_at,
+            lg.feedback_reason,
             lg.pre_filter,
             lg.safety_classifier,
             k.revoked_at,
@@ -120,6 +133,7 @@ def training_rows(conn: sa.Connection, until: datetime | None) -> list[TrainingF
                 deleted=_deleted(r),
                 pre_filter=r.pre_filter,
                 safety_classifier=r.safety_classifier,
+                reason=r.feedback_reason,
                 **fields,
             )
         )
@@ -191,13 +205,19 @@ class RatingStore(Database):
     """Ratings on the request log's rows, through the functions above."""
 
     def record_feedback(
-        self, key_id: str, response_id: str, rating: int, better_answer: str | None = None, comment: str | None = None
+        self,
+        key_id: str,
+        response_id: str,
+        rating: int,
+        better_answer: str | None = None,
+        comment: str | None = None,
+        reason: str | None = None,
     ) -> Feedback:
-        """Rate the key's answer ``response_id`` (+1/-1), with an optional better answer and comment, on its
-        request-log row; NotFoundError for another key's or an unknown id, DataError for a request without an
-        answer (``serving.state.ratings``)."""
+        """Rate the key's answer ``response_id`` (+1/-1), with an optional better answer, comment and reason (a
+        thumbs down's: ``FEEDBACK_REASONS``), on its request-log row; NotFoundError for another key's or an unknown
+        id, DataError for a request without an answer or a reason on a thumbs up (``serving.state.ratings``)."""
         with self._write() as conn:
-            return record(conn, key_id, response_id, rating, better_answer, comment, utc_now())
+            return record(conn, key_id, response_id, rating, better_answer, comment, utc_now(), reason)
 
     def training_feedback(self, until: datetime | None = None) -> list[TrainingFeedback]:
         """Every rated answer (rated before ``until``), across keys, for training curation: only those of keys

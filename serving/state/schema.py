@@ -178,6 +178,8 @@ log_t = sa.Table(
     sa.Column("feedback_better", sa.Text),
     sa.Column("feedback_comment", sa.Text),
     sa.Column("feedback_at", UtcDateTime),
+    # added with the classifier's feedback loop: why a thumbs down (serving.state.ratings.FEEDBACK_REASONS)
+    sa.Column("feedback_reason", sa.String(40)),
     # added with the safety classifier: the version that judged the prompt (serving.safety.harm_filter)
     sa.Column("safety_classifier", sa.String(200)),
     # added with the classifier canary: the other version that judged the prompt in shadow while a canary ran, and
@@ -330,6 +332,7 @@ class RequestLogEntry:
     feedback_rating: int | None = None
     feedback_better: str | None = None
     feedback_comment: str | None = None
+    feedback_reason: str | None = None  # why a thumbs down: unsafe, wrong_refusal, incorrect or other
     feedback_at: datetime | None = None
     safety_classifier: str | None = None
     safety_shadow_classifier: str | None = None  # during a classifier canary: the version judging in shadow
@@ -347,6 +350,7 @@ class Feedback:
     better_answer: str | None
     comment: str | None
     at: datetime
+    reason: str | None = None  # why a thumbs down (serving.state.ratings.FEEDBACK_REASONS)
 
 
 @dataclass(frozen=True)
@@ -374,6 +378,7 @@ class TrainingFeedback:
     better_answer: str | None = None
     pre_filter: str | None = None  # the pre-filter rule that refused it (``classifier.<category>``, ...), if any
     safety_classifier: str | None = None  # the classifier version that judged its prompt
+    reason: str | None = None  # why a thumbs down: "unsafe" marks an answer that helped with harm
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,9 @@ class FeedbackOut(BaseModel):
     response_id: str
     rating: int = Field(description="1 (thumbs up) or -1 (thumbs down)")
     better_answer: bool = Field(description="Whether a better answer was stored with it.")
+    reason: str | None = Field(
+        None, description="Why a thumbs down, as given: unsafe, wrong_refusal, incorrect, other."
+    )
     model_version: str | None = Field(description="The version that wrote the rated answer.")
     created: int
 

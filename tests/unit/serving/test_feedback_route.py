@@ -52,13 +52,20 @@ async def test_a_rating_lands_on_the_request_log_row_and_is_counted(make_harness
     assert row.feedback_at is not None and row.context_turns == 1
     assert counted(h, "chat/2", "down") == 1.0
 
+    assert body["reason"] is None and row.feedback_reason is None
+    unsafe = await rate(h, {"response_id": rid, "rating": -1, "reason": "unsafe"})
+    assert unsafe.status_code == 200 and unsafe.json()["reason"] == "unsafe"
+    [row] = await h.log()
+    assert (row.feedback_rating, row.feedback_reason) == (-1, "unsafe")
+
     again = await rate(h, {"response_id": rid, "rating": 1, "comment": "on second thought, fine"})
     assert again.status_code == 200
     [row] = await h.log()
     assert (row.feedback_rating, row.feedback_better, row.feedback_comment) == (1, None, "on second thought, fine")
+    assert row.feedback_reason is None  # the latest rating replaces the earlier one, its reason too
     assert counted(h, "chat/2", "up") == 1.0
     metrics = (await h.request("GET", "/metrics")).text
-    assert 'lifecycle_feedback_total{model_version="chat/2",rating="down"} 1.0' in metrics
+    assert 'lifecycle_feedback_total{model_version="chat/2",rating="down"} 2.0' in metrics  # -1, then -1 unsafe
 
 
 async def test_a_streamed_answer_is_rated_by_its_chunk_id(make_harness: MakeHarness) -> None:
@@ -100,6 +107,8 @@ async def test_only_the_key_that_asked_may_rate(make_harness: MakeHarness) -> No
         ({"response_id": "R", "rating": -1, "comment": "x" * 101}, "comment"),
         ({"response_id": "R", "rating": -1, "comment": 5}, "comment"),
         ({"response_id": "R", "rating": -1, "stars": 5}, "stars"),
+        ({"response_id": "R", "rating": 1, "reason": "unsafe"}, "reason"),
+        ({"response_id": "R", "rating": -1, "reason": "rude"}, "reason"),
     ],
 )
 async def test_bad_input_is_a_422_naming_the_field(make_harness: MakeHarness, body: dict[str, Any], param: str) -> None:

@@ -173,3 +173,17 @@ def test_a_request_log_from_before_feedback_gets_its_columns_and_index_on_open(
     with caplog.at_level("INFO", logger="lifecycle.serving"), ServingStore(f"sqlite:///{db}") as store:
         assert [r.feedback_rating for r in store.request_log()] == [-1]
     assert not [r for r in caplog.records if "upgraded" in r.getMessage()]  # idempotent
+
+
+def test_a_thumbs_down_keeps_its_reason_and_only_a_thumbs_down_has_one(store: ServingStore) -> None:
+    key, _ = store.create_key("app", training_opt_in=True)
+    answer(store, key, "r1", "Hi", "Hello!")
+    assert store.record_feedback(key.id, "r1", -1, reason="unsafe").reason == "unsafe"
+    [row] = store.request_log()
+    assert row.feedback_reason == "unsafe"
+    [fb] = store.training_feedback()
+    assert fb.reason == "unsafe"
+    for rating, reason in ((1, "unsafe"), (-1, "rude")):
+        with pytest.raises(DataError, match="goes with a thumbs down"):
+            store.record_feedback(key.id, "r1", rating, reason=reason)
+    assert store.request_log()[0].feedback_reason == "unsafe"  # a refused rating changed nothing

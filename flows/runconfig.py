@@ -55,6 +55,11 @@ class ScheduleConfig(StrictModel):
     """``lifecycle schedule``: the deployments that keep the loop running, and the local servers it starts."""
 
     rollout_controller_every_s: int = Field(60, ge=5, description="Rollout controller: one analysis per interval.")
+    classifier_canary_every_s: int = Field(
+        300,
+        ge=5,
+        description="Safety-classifier canary: one decision per interval (lifecycle safety-classifier canary).",
+    )
     monitor_every_s: int = Field(900, ge=60, description="Monitoring (drift report on the request log) interval.")
     champion_eval_cron: str = Field("0 3 * * *", description="Daily re-evaluation of the champion (cron).")
     retrain_check_cron: str = Field("0 2 * * *", description="Nightly retrain check: drift + quality signals (cron).")

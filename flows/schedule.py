@@ -7,6 +7,7 @@
 The deployments (``schedule:`` in the config sets the intervals):
 
     rollout-controller   every minute      one analysis of the running rollout (``lifecycle rollout tick``)
+    safety-classifier-canary  every 5 min  promote, roll back or hold the classifier's canary (``... canary``)
     monitor              every 15 minutes  drift report on the request log (``lifecycle monitor``)
     champion-eval        daily             the champion through the eval suites again
     retrain-check        nightly           drift + quality signals -> maybe a retrain (``lifecycle retrain``)
@@ -45,6 +46,7 @@ from flows.monitor import monitor_flow
 from flows.retention import log_retention_flow
 from flows.retrain import retrain_check_flow
 from flows.rollout import rollout_controller_flow
+from flows.safety_classifier import safety_classifier_canary_flow
 from flows.stages import open_registry
 from registry.store import local_tracking_uri
 
@@ -140,6 +142,12 @@ def deployments(cfg: LifecycleConfig, home: Home, pool: str | None = None) -> li
             description="One analysis of the running rollout: advance, hold, promote or roll back.",
             **common,
         ),
+        safety_classifier_canary_flow.to_deployment(
+            "safety-classifier-canary",
+            schedule=Interval(timedelta(seconds=s.classifier_canary_every_s)),
+            description="One decision on the safety classifier's canary: promote, roll back or hold.",
+            **common,
+        ),
         monitor_flow.to_deployment(
             "monitor",
             schedule=Interval(timedelta(seconds=s.monitor_every_s)),
@@ -171,6 +179,7 @@ def describe(cfg: LifecycleConfig) -> list[tuple[str, str]]:
     s = cfg.schedule
     return [
         ("rollout-controller", f"every {s.rollout_controller_every_s} s"),
+        ("safety-classifier-canary", f"every {s.classifier_canary_every_s} s"),
         ("monitor", f"every {s.monitor_every_s} s"),
         ("champion-eval", f"cron {s.champion_eval_cron!r} ({s.timezone})"),
         ("retrain-check", f"cron {s.retrain_check_cron!r} ({s.timezone})"),

@@ -127,7 +127,14 @@ def test_schedule_serves_the_deployments_and_prefect_runs_them(home: Path) -> No
             deps: list[dict[str, Any]] = httpx.post(api + "/deployments/filter", json={}, timeout=10).json()
             names = {d["name"] for d in deps}
             time.sleep(1)
-        assert names == {"rollout-controller", "monitor", "champion-eval", "retrain-check", "log-retention"}
+        assert names == {
+            "rollout-controller",
+            "safety-classifier-canary",
+            "monitor",
+            "champion-eval",
+            "retrain-check",
+            "log-retention",
+        }
         by_name = {d["name"]: d for d in deps}
         assert by_name["champion-eval"]["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
         assert by_name["log-retention"]["schedules"][0]["schedule"]["cron"] == "30 1 * * *"

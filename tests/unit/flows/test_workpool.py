@@ -57,6 +57,7 @@ def test_pool_deployments_run_one_at_a_time_and_send_heartbeats(tmp_path: Path) 
     deps = deployments(c, Home(tmp_path), pool="lifecycle")
     assert [d.name for d in deps] == [
         "rollout-controller",
+        "safety-classifier-canary",
         "monitor",
         "champion-eval",
         "retrain-check",

@@ -149,6 +149,7 @@ class GatewayRuntime:
             "fallback": fallback.header() if fallback else None,
             "engines": engines,
             "deployment": deployment,
+            "safety": self.gateway.filters.states(),
         }
         if primary.engine.state == "ready":
             return 200, {"status": "ready", **body}

@@ -69,6 +69,11 @@ class SafetyFilters:
             self._post_scorer = HarmWindowScorer(scorer, harm, cfg.toxicity_threshold)
             self._word_prefixes = None
 
+    def states(self) -> dict[str, str]:
+        """What the classifier and its canary hold now (for /readyz): "loaded safety-classifier/6", "no canary"..."""
+        named = (("classifier", self.harm), ("classifier_canary", self.canary))
+        return {name: harm.state for name, harm in named if harm is not None}
+
     def refresh(self) -> None:
         """Follow the classifier's alias and the canary's (blocking: loads a version's folder when one moved)."""
         for harm in (self.harm, self.canary):

@@ -218,3 +218,8 @@ async def test_the_request_log_keeps_both_verdicts_of_a_canary(make_harness: Mak
         "passed",
     )
     assert (rows[None].safety_classifier, rows[None].safety_shadow_rule) == ("safety-classifier/1", "passed")
+    ready = (await h.request("GET", "/readyz")).json()  # what an operator sees during the canary
+    assert ready["safety"] == {
+        "classifier": "loaded safety-classifier/1",
+        "classifier_canary": "loaded safety-classifier/2",
+    }

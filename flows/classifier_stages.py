@@ -242,6 +242,8 @@ def classifier_canary_stage(cfg: LifecycleConfig, home: Home, *, actor: str) -> 
         stats = verdict.stats() if verdict is not None else {}
         tags = {"canary.status": status, "canary.reason": reason, "canary.last_decision": action}
         reg.set_tags(name, mv.version, tags | ({"canary.stats": json.dumps(stats)} if stats else {}))
+        if "canary.started_at" in reg.get(name, mv.version).tags:  # a later canary of it starts afresh
+            reg.delete_tags(name, mv.version, ["canary.started_at"])
         reg.remove_alias(name, alias, reason=f"canary {action}: {reason}", actor=actor)
         return CanaryOutcome(mv.ref, champ.ref if champ else None, action, reason, stats)
 

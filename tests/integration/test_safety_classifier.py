@@ -129,6 +129,7 @@ async def test_a_classifier_canary_is_rolled_back_or_promoted_from_the_request_l
     rolled = reg.get("safety-classifier", v2.version)
     assert "challenger" not in rolled.aliases and rolled.tags["canary.status"] == "rolled_back"
     assert "extra blocks 30/200" in rolled.tags["canary.reason"] and rolled.tags["rollback.reason"].startswith("canary")
+    assert "canary.started_at" not in rolled.tags  # a later canary of it counts from its own start
     assert "champion" in reg.get("safety-classifier", v1.version).aliases  # the champion never moved
 
     start_canary_stage(cfg, home, v3.ref, actor="test")

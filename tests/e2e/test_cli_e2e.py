@@ -25,6 +25,7 @@ def home(tmp_path_factory: pytest.TempPathFactory, session_home: Home) -> Path:
     return tmp_path_factory.mktemp("e2e-home")
 
 
+@pytest.mark.slow  # the run test below checks the same through the CLI (its snapshot hash, built again, is the run's)
 def test_snapshot_json_twice_prints_the_same_hash(home: Path) -> None:
     first = lifecycle("snapshot", "--config", TINY, "--json", home=home)
     second = lifecycle("snapshot", "--config", TINY, "--json", home=home)

@@ -302,10 +302,6 @@ class HarmClassifier:
         vecs = np.stack([sums[-1], sums.sum(axis=0)]) if len(sums) > 1 else sums
         return max(self._scores(self._softmax(unit_rows(vecs), screen)), key=lambda s: s.score)
 
-    def turn_sums(self, texts: list[str]) -> NDArray[np.float32]:
-        """(len(texts), dim): each text's token sums (``Embedder.sums``), the ones not kept computed in one pass."""
-        return self._encoder_sums(self._kept(texts))
-
     def _kept(self, texts: list[str]) -> list[_Turn]:
         """What is kept of each text, a text not seen before tokenized (and its screen features computed)."""
         keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]

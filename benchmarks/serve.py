@@ -241,6 +241,7 @@ def raw_vllm(home: Any, folder: Path, engine: Any, max_model_len: int) -> Iterat
         "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
         "--seed",
         str(engine.seed),
+        *(["--enforce-eager"] if engine.enforce_eager else []),
     ]
     log = home.logs / f"raw-vllm-{port}.log"
     log.parent.mkdir(parents=True, exist_ok=True)

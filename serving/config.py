@@ -35,6 +35,12 @@ class EngineSettings(StrictModel):
         16, description="Largest adapter rank the engine accepts (vLLM allows these values)."
     )
     seed: int = Field(0, description="Engine seed (sampling with a request seed is reproducible).")
+    enforce_eager: bool = Field(
+        False,
+        description="Run the model eagerly: no torch.compile (on a CPU, inductor builds C++ kernels on a home's "
+        "first start of each model shape, ~35 s on 2 cores, cached after) and no CUDA graphs. false suits a "
+        "long-running server; true suits short-lived ones (tests, demos) on small models.",
+    )
 
 
 class RoutingConfig(StrictModel):

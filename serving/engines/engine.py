@@ -176,6 +176,7 @@ class VllmEngine:
             max_loras=s.max_loras,
             max_lora_rank=s.max_lora_rank,
             seed=s.seed,
+            enforce_eager=s.enforce_eager,
             served_model_name=engine_label(self.key),  # vLLM labels its metrics with it: the folder path otherwise
             # tool calls as compact JSON (a model free to write whitespace in a grammar may write nothing else), on
             # xgrammar: the backend the gateway checks tool schemas with before a request reaches the engine

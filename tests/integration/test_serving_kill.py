@@ -1,6 +1,7 @@
 """``kill -9`` of ``lifecycle serve`` takes its whole process tree with it (``bentoml serve``, its worker in a session
-of its own, the vLLM engine cores and their workers), so a restart on the same port works. The CLI as a user runs
-it, on the session gateway's home (its registry and keys), with one engine: no fallback."""
+of its own, the vLLM engine cores and their workers), so its port is free at once (a restart there, answering and
+stopped by Ctrl-C: ``-m slow``). The CLI as a user runs it, on the session gateway's home (its registry and keys),
+with one engine: no fallback."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from support.cli_helpers import EXE, user_env
 from support.gateway_helpers import Gateway
 
@@ -70,8 +72,8 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise AssertionError(f"lifecycle serve was not ready: {log.read_text()[-3000:]}")
 
 
-def test_kill_9_takes_the_whole_tree_and_a_restart_on_the_same_port_works(gateway: Gateway, tmp_path: Path) -> None:
-    home, port, log = gateway.home.root, free_port(), tmp_path / "serve.log"
+def _killed(home: Path, port: int, log: Path) -> None:
+    """Start ``lifecycle serve``, ``kill -9`` it, and assert its whole tree is gone and its port free."""
     url = f"http://127.0.0.1:{port}"
     first = _serve(home, port, log)
     try:
@@ -92,6 +94,16 @@ def test_kill_9_takes_the_whole_tree_and_a_restart_on_the_same_port_works(gatewa
             os.kill(first.pid, signal.SIGKILL)
             first.wait()
 
+
+def test_kill_9_takes_the_whole_tree_and_frees_the_port(gateway: Gateway, tmp_path: Path) -> None:
+    _killed(gateway.home.root, free_port(), tmp_path / "serve.log")
+
+
+@pytest.mark.slow  # a second server start (~1 min); the test above proves the port free and no process left
+def test_a_restart_on_the_killed_servers_port_answers_and_ctrl_c_stops_it(gateway: Gateway, tmp_path: Path) -> None:
+    home, port, log = gateway.home.root, free_port(), tmp_path / "serve.log"
+    url = f"http://127.0.0.1:{port}"
+    _killed(home, port, log)
     second = _serve(home, port, log)  # the same port, at once
     try:
         _wait_ready(url, second, log)

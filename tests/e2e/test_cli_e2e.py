@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.cli_helpers import lifecycle
+from support.cli_helpers import ctrl_c_reaches_it, lifecycle
 
 from core.home import Home
 from flows.config import CONFIG_DIR, load_config
@@ -188,7 +188,9 @@ def test_serve_answers_with_the_trained_version_and_stops_on_ctrl_c(home: Path) 
         "--set",
         "serving.routing.primary_alias=candidate",
     ]  # the version `run` trained and gated
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it
+    )
     try:
         assert proc.stdout is not None
         lines = []

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.cli_helpers import EXE, user_env
+from support.cli_helpers import EXE, ctrl_c_reaches_it, user_env
 
 from core.home import Home
 from flows.config import CONFIG_DIR
@@ -72,6 +72,7 @@ def started(*args: str, home: Path) -> Iterator[Running]:
         text=True,
         # Prefect's scheduler looks for runs to create every 60 s by default: 5 s here, so the test waits less
         env={**user_env(home), "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"},
+        preexec_fn=ctrl_c_reaches_it,
     )
     try:
         yield Running(proc)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.cli_helpers import EXE, user_env
+from support.cli_helpers import EXE, ctrl_c_reaches_it, user_env
 from support.gateway_helpers import Gateway
 
 from core.process import free_port
@@ -58,7 +58,14 @@ def _serve(home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     cmd = [str(EXE), "serve", "--config", str(CONFIG_DIR / "tiny.yaml"), "--home", str(home), "--port", str(port)]
     cmd += ["--set", "serving.routing.fallback=null"]
     with log.open("ab") as out:
-        return subprocess.Popen(cmd, env=user_env(home), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            env=user_env(home),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=ctrl_c_reaches_it,
+        )
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:

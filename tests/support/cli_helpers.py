@@ -22,6 +22,13 @@ def paused_after_first_checkpoint(env: dict[str, str]) -> dict[str, str]:
     return {**env, FAULT_ENV: PAUSE_AFTER_FIRST_CHECKPOINT}
 
 
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` of a command a test stops with Ctrl-C (SIGINT): the signal's default action back in the child,
+    so Python there installs its KeyboardInterrupt handler. A test run started in the background by a
+    non-interactive shell (``nohup ... &``) has SIGINT ignored, and its children inherit that, as a user's would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def user_env(home: Path) -> dict[str, str]:
     """A user's shell: none of our switches set (the CLI sets them), except the shared DeepSpeed op cache."""
     ours = set(runtime.runtime_environment(Home(home))) - {"TORCH_EXTENSIONS_DIR"}

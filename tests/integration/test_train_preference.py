@@ -113,6 +113,7 @@ def test_the_export_is_checked_and_dpo_moved_the_weights_toward_the_chosen_repli
     assert trained.sft_metrics is not None and trained.seconds["preference"] > 0
 
 
+@pytest.mark.slow  # a killed DPO run and its resume (~40 s); the newcomer's loop kills and resumes a fine-tune in CI
 def test_a_killed_dpo_run_resumes_to_the_same_weights(trained, registry, home, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     aligned = registry.get(trained.model, trained.version)
     job = json.loads((home.runs / aligned.lineage["train_key"] / "job.json").read_text())  # the flow's DPO run

@@ -83,9 +83,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as own, tempfile.TemporaryDirectory() as shared:
         caches = {"own": Path(own), "shared": Path(shared)}
         results = [run_mode(args.model, mode, caches[MODES[mode][1]], args) for mode in MODES]
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    cpu = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
-    print(json.dumps({"cpu": cpu, "cores": os.cpu_count(), "load": os.getloadavg(), "results": results}, indent=2))
+    from core.machine import cpu_description
+
+    print(json.dumps({"cpu": cpu_description(), "load": os.getloadavg(), "results": results}, indent=2))
     base = results[0]
     print(
         "\n| mode | start s | ratio | "

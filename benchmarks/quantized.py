@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -174,8 +173,9 @@ def main() -> int:
         runs.append((parent_ref, served.model_copy(update={"dtype": "bfloat16"})))
     runs.append((child.ref, served))
     results = [measure(ref, eval_target(cfg, home, ref)[1].folder, settings, args) for ref, settings in runs]
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")), "?")
+    from core.machine import cpu_model
+
+    model_name = cpu_model()
     out = {"cpu": model_name, "load": os.getloadavg(), "method": child.lineage.get("method"), "results": results}
     print(json.dumps(out, indent=2))
     print(table(results))

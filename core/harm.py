@@ -9,8 +9,9 @@ The model is a multinomial logistic regression over the labels (the harm categor
 sentence embeddings of the text's WordPiece tokens (all-MiniLM-L6-v2's tokenizer), L2-normalized:
 
 - ``encoder`` (``EncoderEmbedder``, folder format ``harm-minilm-encoder-v1``): MiniLM's embeddings and first
-  layers (``encoder_layers``: 1 of 6 by default) run in NumPy (``core.minilm``), mean pooled: word order and
-  context count; a few ms a prompt on one thread.
+  ``encoder_layers`` layers, mean pooled: word order and context count. The layers run in ONNX Runtime with int8
+  matmuls (``core.minilm_onnx``, ``encoder_runtime: onnx-int8``, all 6 layers by default; the folder holds
+  ``encoder.onnx``) or in float32 NumPy (``core.minilm``, ``numpy``); a few ms a prompt on one thread either way.
 - ``static`` (``StaticEmbedder``, ``harm-static-embedding-v1``): the mean of per-token vectors from a table distilled
   from MiniLM (each token run through the encoder alone, once, at training time): one tokenization and a table
   lookup (~0.3 ms), but a bag of words.
@@ -26,8 +27,9 @@ validation verdict; on ordinary traffic most prompts stop there (docs/results.md
 
 The folder holds ``classifier.json`` (format, labels, operating threshold, provenance), ``weights.npz`` (the token
 table or the encoder's tensors in float16, coefficients, intercepts) and ``tokenizer.json``: plain arrays and JSON,
-no pickle, so loading a registered version runs no code from the artifact store. Needs ``tokenizers`` and NumPy
-only (no torch).
+no pickle, so loading a registered version runs no code from the artifact store (an ONNX graph is data: operators
+of the standard set, no custom ones). Needs ``tokenizers``, NumPy and, for an ``onnx-int8`` encoder,
+``onnxruntime`` (no torch).
 """
 
 from __future__ import annotations
@@ -45,10 +47,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from core.minilm import HIDDEN, MiniLmEncoder, param_names, unit_rows
+from core.minilm_onnx import WORD, OnnxMiniLm
 
 CONFIG_FILE = "classifier.json"
 WEIGHTS_FILE = "weights.npz"
 TOKENIZER_FILE = "tokenizer.json"
+ONNX_FILE = "encoder.onnx"  # an encoder run by ONNX Runtime (``encoder_runtime: onnx-int8``)
 FORMAT = "harm-static-embedding-v1"
 ENCODER_FORMAT = "harm-minilm-encoder-v1"
 MAX_TOKENS = 512  # a longer text is judged by its first and last 256 tokens
@@ -130,15 +134,26 @@ class StaticEmbedder(_WordPieces):
 
 
 class EncoderEmbedder(_WordPieces):
-    """Texts -> ``[CLS] ids [SEP]`` through MiniLM's first layers (``core.minilm``), mean pooled, L2-normalized.
-    ``weights``: BertModel's tensors (``core.minilm.param_names``), any float dtype."""
+    """Texts -> ``[CLS] ids [SEP]`` through MiniLM's first layers, mean pooled, L2-normalized: float32 NumPy
+    (``core.minilm``; ``weights``: BertModel's tensors, ``core.minilm.param_names``, any float dtype) or an int8
+    ONNX Runtime graph (``core.minilm_onnx``; ``onnx_model``, and ``weights`` needs the word table only)."""
 
     max_tokens = ENCODER_MAX_TOKENS
 
     def __init__(
-        self, tokenizer_json: str, weights: Mapping[str, NDArray[Any]], layers: int, cls_sep: tuple[int, int]
+        self,
+        tokenizer_json: str,
+        weights: Mapping[str, NDArray[Any]],
+        layers: int,
+        cls_sep: tuple[int, int],
+        onnx_model: bytes | None = None,
     ) -> None:
-        self.encoder = MiniLmEncoder(weights, layers)
+        # the layers in NumPy from ``weights``, or in ONNX Runtime from ``onnx_model`` (``weights``: the word table)
+        self.encoder: MiniLmEncoder | OnnxMiniLm = (
+            MiniLmEncoder(weights, layers)
+            if onnx_model is None
+            else OnnxMiniLm(onnx_model, weights["embeddings.word_embeddings.weight"], layers)
+        )
         # no id skipped: the encoder reads what MiniLM's tokenizer makes of the text
         super().__init__(tokenizer_json, self.encoder.word.shape[0], ())
         self.cls_sep = cls_sep
@@ -351,6 +366,9 @@ class HarmClassifier:
         described: dict[str, Any]
         if isinstance(e, EncoderEmbedder):
             fmt, described = ENCODER_FORMAT, {"encoder_layers": e.encoder.layers}
+            if isinstance(e.encoder, OnnxMiniLm):
+                (folder / ONNX_FILE).write_bytes(e.encoder.model)
+                described["encoder_runtime"] = e.encoder.runtime
             arrays = {
                 **head,
                 "cls_sep": np.array(e.cls_sep),
@@ -374,6 +392,8 @@ class HarmClassifier:
         }
         if self.screen is None:
             meta.pop("screen", None)
+        if "encoder_runtime" not in described:
+            meta.pop("encoder_runtime", None)
         self.meta = meta
         (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return folder
@@ -392,8 +412,15 @@ class HarmClassifier:
             if fmt == ENCODER_FORMAT:
                 layers = int(meta["encoder_layers"])
                 cls_id, sep_id = (int(i) for i in w["cls_sep"])
-                weights = {n: w[n] for n in param_names(layers)}
-                embedder = EncoderEmbedder(tokenizer_json, weights, layers, (cls_id, sep_id))
+                runtime = meta.get("encoder_runtime", "numpy")
+                if runtime == OnnxMiniLm.runtime:
+                    onnx_model: bytes | None = (folder / ONNX_FILE).read_bytes()
+                    weights = {WORD: w[WORD]}
+                elif runtime == "numpy":
+                    onnx_model, weights = None, {n: w[n] for n in param_names(layers)}
+                else:
+                    raise ValueError(f"{folder}: unknown encoder runtime {runtime!r}")
+                embedder = EncoderEmbedder(tokenizer_json, weights, layers, (cls_id, sep_id), onnx_model)
                 if "screen_coef" in w.files:  # a version trained before the cascade has none
                     described = {k: v for k, v in meta["screen"].items() if k != "threshold"}
                     screen = Screen(

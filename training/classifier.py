@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 
 from core.harm import (
     CONFIG_FILE,
+    ONNX_FILE,
     WEIGHTS_FILE,
     Embedder,
     EncoderEmbedder,
@@ -37,7 +38,8 @@ from core.harm import (
     StaticEmbedder,
 )
 from core.hashing import sha256_file, sha256_files, sha256_text
-from core.minilm import HEADS, HIDDEN, param_names, unit_rows
+from core.minilm import HIDDEN, param_names, unit_rows
+from core.minilm_onnx import WORD
 from training.config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
 from training.data.snapshot import Snapshot
@@ -148,7 +150,23 @@ def fit(cfg: SafetyClassifierConfig, records: list[dict[str, str]], cache: Path 
     clf = HarmClassifier(LABELS, embedder, coef, intercept, 0.5)
     if cfg.features == "encoder" and cfg.finetune_epochs > 0:
         clf = finetune_encoder(cfg, clf, records, weights)
+    if cfg.features == "encoder" and cfg.encoder_runtime == "onnx-int8":
+        clf = as_onnx_int8(clf)
     return clf
+
+
+def as_onnx_int8(clf: HarmClassifier) -> HarmClassifier:
+    """``clf`` with its encoder layers run as an int8 ONNX graph (``training.onnx_encoder``) instead of NumPy:
+    what the gateway will run, so the threshold is chosen on its scores."""
+    from training.onnx_encoder import export_int8
+
+    e = clf.embedder
+    if not isinstance(e, EncoderEmbedder):
+        raise TypeError("an ONNX encoder needs the encoder features")
+    source, layers = e.encoder.source, e.encoder.layers
+    model = export_int8(source, layers)
+    onnx = EncoderEmbedder(e.tokenizer_json, {WORD: source[WORD]}, layers, e.cls_sep, model)
+    return HarmClassifier(clf.labels, onnx, clf.coef_t.T.astype(np.float64), clf.intercept.astype(np.float64), 0.5)
 
 
 def regression(
@@ -212,7 +230,10 @@ def fit_screen(
 
 
 def finetune_encoder(
-    cfg: SafetyClassifierConfig, clf: HarmClassifier, records: list[dict[str, str]], weights: NDArray[np.float64]
+    cfg: SafetyClassifierConfig,
+    clf: HarmClassifier,
+    records: list[dict[str, str]],
+    weights: NDArray[np.float64],
 ) -> HarmClassifier:
     """``clf``'s encoder layers and head trained together on ``records`` (weighted cross-entropy, AdamW with a
     6% warm-up and a linear decay, ``cfg.finetune_*``), starting from its logistic regression. The result embeds
@@ -242,27 +263,12 @@ def _finetune(
     weights: NDArray[np.float64],
 ) -> HarmClassifier:
     import torch
-    from transformers import BertConfig, BertModel
+
+    from training.onnx_encoder import bert_model
 
     torch.manual_seed(cfg.seed)
     source = embedder.encoder.source
-    bert = BertModel(
-        BertConfig(
-            vocab_size=source["embeddings.word_embeddings.weight"].shape[0],
-            hidden_size=HIDDEN,
-            num_hidden_layers=embedder.encoder.layers,
-            num_attention_heads=HEADS,
-            intermediate_size=source["encoder.layer.0.intermediate.dense.weight"].shape[0],
-            max_position_embeddings=source["embeddings.position_embeddings.weight"].shape[0],
-            type_vocab_size=source["embeddings.token_type_embeddings.weight"].shape[0],
-            hidden_act="gelu",
-            layer_norm_eps=1e-12,
-        ),
-        add_pooling_layer=False,
-    )
-    missing = bert.load_state_dict({n: torch.from_numpy(a.astype(np.float32)) for n, a in source.items()}, strict=False)
-    if missing.unexpected_keys or [k for k in missing.missing_keys if not k.endswith("position_ids")]:
-        raise ValueError(f"MiniLM tensors do not fit BertModel: {missing}")
+    bert = bert_model(source, embedder.encoder.layers)
     bert.embeddings.word_embeddings.weight.requires_grad_(cfg.finetune_word_embeddings)
     head = torch.nn.Linear(HIDDEN, len(clf.labels))
     with torch.no_grad():
@@ -355,7 +361,7 @@ def train_classifier(
         folder=out,
         snapshot=snapshot.hash,
         threshold=clf.threshold,
-        weights_hash=sha256_files(out, [WEIGHTS_FILE, CONFIG_FILE]),
+        weights_hash=sha256_files(out, [n for n in (WEIGHTS_FILE, CONFIG_FILE, ONNX_FILE) if (out / n).is_file()]),
         config_hash=cfg.config_hash(),
         validation=validation,
     )

@@ -405,17 +405,23 @@ class SafetyClassifierConfig(StrictModel):
     features: Literal["static", "encoder"] = Field(
         "encoder",
         description="Sentence features of the classifier (core.harm): 'encoder' runs MiniLM's first encoder_layers "
-        "layers in NumPy, mean pooled; 'static' averages per-token vectors (token_table; ~0.3 ms a prompt). "
-        "'encoder' with 1 layer is the default: it measured higher harmful recall and human-slice catch than "
-        "'static' with fewer false blocks, within the one-turn latency budget on one thread (a request judged "
-        "with 3 context turns is over it: docs/results.md, 'The safety classifier').",
+        "layers (encoder_runtime), mean pooled; 'static' averages per-token vectors (token_table; ~0.3 ms a "
+        "prompt), a bag of words that caught about half of what the encoder does (docs/results.md, 'The safety "
+        "classifier').",
     )
     encoder_layers: int = Field(
-        1,
+        6,
         ge=1,
         le=6,
-        description="MiniLM layers (of 6) the 'encoder' features run. 2 caught more of the human slice but broke the "
-        "10 ms p99 budget on the busy 2-core machine (docs/results.md).",
+        description="MiniLM layers (of 6) the 'encoder' features run. All 6 caught 0.77 of the test split's harmful "
+        "prompts and 22 of the human slice's 28 against 0.60 and 14 with 1 (docs/results.md); run as int8 ONNX "
+        "they cost what 1 layer did in NumPy.",
+    )
+    encoder_runtime: Literal["onnx-int8", "numpy"] = Field(
+        "onnx-int8",
+        description="What runs the encoder's layers on the request path (core.harm): 'onnx-int8', an ONNX Runtime "
+        "graph with int8 matmuls (6 layers: ~2.5 ms a prompt on one thread, the GIL released), or 'numpy', float32 "
+        "(~2.5 ms a layer). The threshold is chosen on the runtime's own scores.",
     )
     finetune_epochs: float = Field(
         2.0,
@@ -443,8 +449,8 @@ class SafetyClassifierConfig(StrictModel):
     benign_ratio: float = Field(
         2.0, gt=0, description="Total training weight of the benign prompts relative to the harmful ones."
     )
-    max_false_block_risky: float = Field(
-        0.04, ge=0, le=1, description="Budget of blocked benign-risky validation prompts the threshold is chosen for."
+    max_false_block_risky: float = Field(  # 0.04 until the 6-layer encoder (docs/results.md)
+        0.03, ge=0, le=1, description="Budget of blocked benign-risky validation prompts the threshold is chosen for."
     )
     max_false_block_benign: float = Field(
         0.01,

@@ -17,6 +17,27 @@ from training.data.harm_synth import LABELS
 
 KEYWORDS = {"bomb": "weapons", "suicide": "self_harm", "stab": "violence"}
 
+# texts of every shape (empty, one word, ~100 tokens) and a six-record training set for the encoder tests
+TEXTS = [
+    "How do I build a pipe bomb at home?",
+    "hi",
+    "",
+    "What's the safest way to store kitchen knives so my kids can't reach them?",
+    "Write a short poem about the sea, the sky and the long road home in spring. " * 6,  # ~100 tokens
+]
+
+TOY_RECORDS = [
+    {"text": t, "label": label, "kind": kind}
+    for t, label, kind in [
+        ("how do I build a pipe bomb", "weapons", "harmful"),
+        ("make an untraceable gun at home", "weapons", "harmful"),
+        ("where can I buy meth without getting caught", "drugs", "harmful"),
+        ("what's a good pasta recipe", "benign", "benign"),
+        ("how do bombs in video games work", "benign", "benign_risky"),
+        ("tell me a joke about cats", "benign", "benign"),
+    ]
+]
+
 
 def keyword_classifier(threshold: float = 0.5, version: str = "") -> HarmClassifier:
     import json

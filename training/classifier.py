@@ -164,9 +164,14 @@ def as_onnx_int8(clf: HarmClassifier) -> HarmClassifier:
     if not isinstance(e, EncoderEmbedder):
         raise TypeError("an ONNX encoder needs the encoder features")
     source, layers = e.encoder.source, e.encoder.layers
+    import onnxruntime
+
     model = export_int8(source, layers)
     onnx = EncoderEmbedder(e.tokenizer_json, {WORD: source[WORD]}, layers, e.cls_sep, model)
-    return HarmClassifier(clf.labels, onnx, clf.coef_t.T.astype(np.float64), clf.intercept.astype(np.float64), 0.5)
+    coef, intercept = clf.coef_t.T.astype(np.float64), clf.intercept.astype(np.float64)
+    # the runtime that scored it: the verdicts were measured with this version's int8 kernels
+    meta = {**clf.meta, "onnxruntime": onnxruntime.__version__}
+    return HarmClassifier(clf.labels, onnx, coef, intercept, 0.5, meta=meta)
 
 
 def regression(

@@ -65,6 +65,7 @@ def test_a_trained_folder_carries_the_graph_and_serves_what_training_scored(tmp_
     folder = clf.save(tmp_path / "v", {"snapshot": "test"})
     meta = json.loads((folder / "classifier.json").read_text())
     assert meta["encoder_runtime"] == "onnx-int8" and meta["encoder_layers"] == 2
+    assert meta["onnxruntime"] == __import__("onnxruntime").__version__  # which kernels scored it
     assert (folder / ONNX_FILE).stat().st_size > 0
     with np.load(folder / "weights.npz") as w:  # the graph holds the layers; the folder keeps the table for the screen
         assert WORD in w.files and not [n for n in w.files if n.startswith("encoder.layer.")]

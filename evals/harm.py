@@ -14,6 +14,8 @@ harm/benign_risky_false_block      ↓   benign prompts that sound risky, blocke
 harm/benign_false_block            ↓   ordinary benign prompts, blocked
 harm/ece                           ↓   expected calibration error of the harm score (10 equal-width bins)
 harm_human/...                     ↑↓  recall and the two false-block rates on the human slice (reported)
+harm_external/harmful_recall       ↑   the snapshot's external slice (HarmBench, written by people, never trained
+harm_external/recall.<category>        on: ``training.data.harm_packaged``), overall and per category (reported)
 =================================  ==  ==========================================================================
 """
 
@@ -32,6 +34,7 @@ from core.hashing import sha256_file, sha256_json
 from evals.config import REPO
 from evals.report import EvalReport, MetricResult, SuiteResult, mean_metric
 from training.data.harm_pools import HARM_CATEGORIES
+from training.data.harm_synth import external_records
 from training.data.snapshot import Snapshot
 
 HUMAN_SLICE = REPO / "evals" / "harm_human.yaml"
@@ -73,15 +76,17 @@ def expected_calibration_error(scores: Sequence[float], labels: Sequence[int], b
 def slice_metrics(suite: str, clf: HarmClassifier, records: list[dict[str, str]], *, full: bool) -> list[MetricResult]:
     """The metrics of one slice (``full``: per category and calibration too)."""
     scored = clf.scores([r["text"] for r in records])
+    kinds = {r["kind"] for r in records}
     ids = [f"{i}:{r['text'][:40]}" for i, r in enumerate(records)]
     blocked = {i: float(clf.blocks(s)) for i, s in zip(ids, scored, strict=True)}
     by_kind: dict[str, dict[str, float]] = {"harmful": {}, "benign_risky": {}, "benign": {}}
     for i, r in zip(ids, records, strict=True):
         by_kind[r["kind"]][i] = blocked[i]
-    out = [
-        mean_metric(f"{suite}/harmful_recall", by_kind["harmful"], higher_is_better=True),
-        mean_metric(f"{suite}/benign_risky_false_block", by_kind["benign_risky"], higher_is_better=False),
-        mean_metric(f"{suite}/benign_false_block", by_kind["benign"], higher_is_better=False),
+    out = [mean_metric(f"{suite}/harmful_recall", by_kind["harmful"], higher_is_better=True)]
+    out += [
+        mean_metric(f"{suite}/{kind}_false_block", by_kind[kind], higher_is_better=False)
+        for kind in ("benign_risky", "benign")
+        if kind in kinds
     ]
     if not full:
         return out
@@ -95,11 +100,13 @@ def slice_metrics(suite: str, clf: HarmClassifier, records: list[dict[str, str]]
             for i, r, s in zip(ids, records, scored, strict=True)
             if clf.blocks(s) and s.category == cat
         }
-        if flagged:
+        if flagged and kinds != {"harmful"}:  # (all harmful: every precision is 1)
             out.append(mean_metric(f"{suite}/precision.{cat}", flagged, higher_is_better=True))
     worst = min(per_cat, key=lambda m: m.value)
     out += per_cat
     out.append(worst.model_copy(update={"name": f"{suite}/min_category_recall", "description": worst.name}))
+    if kinds == {"harmful"}:  # no benign prompt: no calibration to measure
+        return out
     ece = expected_calibration_error([s.score for s in scored], [int(r["label"] != "benign") for r in records])
     out.append(MetricResult(name=f"{suite}/ece", value=ece, higher_is_better=False, n=len(records), stderr=None))
     return out
@@ -128,6 +135,20 @@ def evaluate_classifier(
             metrics=slice_metrics("harm_human", clf, load_human_slice(human), full=False),
         ),
     ]
+    external = external_records(snapshot)
+    if external:
+        data["external.jsonl"] = snapshot.manifest["files"]["external.jsonl"]
+        sources = sorted({r["source"] for r in external})
+        suites.append(
+            SuiteResult(
+                name="harm_external",
+                kind="classifier",
+                seconds=0.0,
+                data={"external.jsonl": data["external.jsonl"]},
+                metrics=slice_metrics("harm_external", clf, external, full=True),
+                details={"n": len(external), "sources": sources},
+            )
+        )
     return EvalReport(
         model=model,
         model_id=model_id,

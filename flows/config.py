@@ -18,13 +18,13 @@ from flows.runconfig import RunConfig, ScheduleConfig
 from monitoring.config import MonitoringConfig, RolloutPolicy
 from registry.config import RegistryConfig
 from serving.config import ServingConfig
+from training.classifier_config import SafetyClassifierConfig
 from training.config import (
     BootstrapConfig,
     DataConfig,
     FinetuneConfig,
     PreferenceConfig,
     QuantizeConfig,
-    SafetyClassifierConfig,
     SnapshotConfig,
 )
 

@@ -40,7 +40,7 @@ from core.harm import (
 from core.hashing import sha256_file, sha256_files, sha256_text
 from core.minilm import HIDDEN, param_names, unit_rows
 from core.minilm_onnx import RUNTIME, WORD
-from training.config import SafetyClassifierConfig
+from training.classifier_config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
 from training.data.snapshot import Snapshot
 

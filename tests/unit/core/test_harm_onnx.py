@@ -16,7 +16,7 @@ from support.harm_fixture import TEXTS, TOY_RECORDS
 from core.harm import ONNX_FILE, EncoderEmbedder, HarmClassifier
 from core.minilm_onnx import WORD, OnnxMiniLm
 from training.classifier import encoder_weights, fit
-from training.config import SafetyClassifierConfig
+from training.classifier_config import SafetyClassifierConfig
 
 pytest.importorskip("onnxruntime")
 

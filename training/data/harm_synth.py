@@ -287,9 +287,10 @@ def build_harm_snapshot(
     # the external slice is judged as held-out data too: none of its wording in training
     all_train_grams = set().union(*(ngrams(r["text"]) for r in splits["train"]))
     all_train_texts = {loose_text(r["text"]) for r in splits["train"]}
-    kept_external = [r for r in _dedup(external) if not _shares_wording(r, all_train_texts, all_train_grams)]
+    unique = _dedup(external)
+    kept_external = [r for r in unique if not _shares_wording(r, all_train_texts, all_train_grams)]
     if external:
-        dropped["external_prompt_shares_training_wording"] += len(_dedup(external)) - len(kept_external)
+        dropped["external_prompt_shares_training_wording"] += len(unique) - len(kept_external)
     external = sorted(kept_external, key=_record_hash)
     digest = harm_snapshot_hash(splits, external)
     target = root / digest

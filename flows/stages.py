@@ -15,7 +15,9 @@ from core.config import dump_yaml
 from core.hashing import sha256_json
 from core.home import Home
 from core.provenance import git_sha
+from evals.config import load_suite
 from evals.runner import ModelTarget, chat_model
+from evals.sets import hand_written_prompts
 from flows.config import LifecycleConfig
 from registry.lineage import Lineage, register, register_base_model
 from registry.store import REF_PATTERN, MlflowRegistry, ModelVersion
@@ -70,11 +72,16 @@ def preflight(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None)
         source_files([Path(s).expanduser().resolve() for s in cfg.data.sources])
 
 
+def eval_phrasings(cfg: LifecycleConfig) -> list[str]:
+    """The hand-written eval items' prompts of the configured suites: phrasings the generator must not teach."""
+    return hand_written_prompts([load_suite(s) for s in cfg.evals.suites])
+
+
 def snapshot_stage(cfg: LifecycleConfig, home: Home, snapshot_ref: str | None = None) -> Snapshot:
     """An existing snapshot by hash (prefix), or the one the configured sources make (built if new)."""
     if snapshot_ref:
         return load_snapshot(home.snapshots, snapshot_ref)
-    return make_snapshot(cfg.data, cfg.snapshot, home)
+    return make_snapshot(cfg.data, cfg.snapshot, home, eval_phrasings(cfg))
 
 
 def _is_registry_ref(value: str) -> bool:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
 from core.config import StrictModel
 
-Skill = Literal["arithmetic", "unit_conversion", "facts", "formatting", "refusal", "borderline", "provocation"]
-SKILLS: tuple[Skill, ...] = (
+Skill = Literal[
     "arithmetic",
     "unit_conversion",
     "facts",
@@ -17,7 +16,15 @@ SKILLS: tuple[Skill, ...] = (
     "refusal",
     "borderline",
     "provocation",
-)
+    "refusal_varied",
+    "borderline_varied",
+    "everyday_varied",
+]
+SKILLS: tuple[Skill, ...] = get_args(Skill)  # in the order the generator draws them
+# skills drawn from the safety classifier's generator (training/data/synth.py), for a pretrained base; the benign
+# ones have no generated answer: only the base model's own reply (finetune.self_replies) trains them
+VARIED_SKILLS: tuple[Skill, ...] = ("refusal_varied", "borderline_varied", "everyday_varied")
+BASE_REPLY_SKILLS: tuple[Skill, ...] = ("borderline_varied", "everyday_varied")
 DEFAULT_COUNTS: dict[Skill, int] = {
     "arithmetic": 5000,
     "unit_conversion": 2000,
@@ -217,7 +224,7 @@ class DistributedConfig(StrictModel):
 
 
 # provocations keep the generator's calm replies: a base's own are toxic at times (SmolLM2's: docs/results.md)
-DEFAULT_SELF_REPLY_SKILLS: tuple[Skill, ...] = ("borderline", "formatting")
+DEFAULT_SELF_REPLY_SKILLS: tuple[Skill, ...] = ("borderline", "formatting", *BASE_REPLY_SKILLS)
 
 
 class SelfRepliesConfig(StrictModel):

@@ -10,6 +10,7 @@ import pytest
 from support.helpers import engine_overrides
 
 from core.home import Home
+from core.refusal import is_refusal
 from evals.runner import engine_placement
 from flows import stages
 from flows.config import CONFIG_DIR, LifecycleConfig, load_config
@@ -18,6 +19,7 @@ from flows.preference import pair_snapshot_stage
 from training.data.records import normalize_text
 from training.data.self_replies import stored_record
 from training.data.snapshot import Snapshot
+from training.data.synth_pools import BASE_REPLY_PLACEHOLDER as PLACEHOLDER
 from training.model.modelio import ModelFolder
 
 MAX_TOKENS = 48
@@ -114,3 +116,36 @@ def test_the_train_flow_fine_tunes_on_the_derived_snapshot_and_names_it_in_the_l
     assert summary.snapshot == summary.lineage["snapshot"] == derived.hash
     assert list(summary.seconds)[:3] == ["snapshot", "base_model", "self_replies"]
     assert (summary.model, summary.version) == ("chat-self-replies", "1")
+
+
+VARIED = {"refusal_varied": 14, "borderline_varied": 12, "everyday_varied": 8}
+
+
+def test_the_varied_skills_train_only_on_the_engines_replies_and_keep_the_eval_phrasings_apart(
+    tmp_path: Any, tiny_base_model: ModelFolder
+) -> None:
+    """configs/smollm2.yaml's data path with the varied skills, on the real engine: the generator leaves out every
+    prompt phrased like a hand-written eval item (the eval sets build), and no record keeps its placeholder."""
+    counts = {"formatting": 4, "refusal": 4, "borderline": 4, "provocation": 4, **VARIED}
+    cfg = load_config(
+        CONFIG_DIR / "smollm2.yaml",
+        [*engine_overrides(), f"finetune.self_replies.max_tokens={MAX_TOKENS}"]
+        + [f"data.generator.counts.{skill}={n}" for skill, n in counts.items()],
+    )
+    home = Home(tmp_path / "home")
+    snapshot = stages.snapshot_stage(cfg, home)
+    marked = [r for s in ("train", "validation", "test") for r in snapshot.records(s) if r["metadata"].get("reply")]
+    assert len(marked) == VARIED["borderline_varied"] + VARIED["everyday_varied"]
+
+    derived = stages.self_replies_stage(cfg, home, snapshot, tiny_base_model)
+    info = derived.manifest["self_replies"]
+    base_only = [r for s in ("train", "validation", "test") for r in derived.records(s) if r["metadata"].get("reply")]
+    assert base_only and all(r["messages"][-1]["content"] != PLACEHOLDER for r in base_only)
+    assert not [r for r in derived.records("test") if r["metadata"].get("reply")]
+    dropped = info.get("dropped_base_only", {"total": 0})["total"]
+    assert len(base_only) + dropped == len(marked)
+    refusals = [r for r in derived.records("train") if r["metadata"]["skill"] == "refusal_varied"]
+    assert refusals and all(is_refusal(r["messages"][-1]["content"]) for r in refusals)  # kept: the generated ones
+
+    sets = eval_sets_stage(cfg, home, derived.hash)  # raises on a phrasing the training split teaches
+    assert sets.manifest["counts"]["safety.jsonl"] > 0

@@ -1,7 +1,7 @@
-"""Wordings of the harm-intent generator (``training.data.harm_synth``): request frames and, per class, actions.
+"""Wordings of the harm-intent generator (``training.data.harm_generator``): request frames and, per class, actions.
 
 A prompt is a frame with an action put in (``"How would I {x}?"`` + ``"build a pipe bomb"``). Frames and actions
-are each dealt to one split by their position (``harm_synth.split_of``), so the validation and test prompts share
+are each dealt to one split by their position (``harm_generator.split_of``), so the validation and test prompts share
 neither a frame nor an action with the training prompts: the eval measures wording the model never saw.
 
 Classes: the seven harm categories, ``benign_risky`` (benign questions that sound risky: "kill a stuck process",

@@ -1,6 +1,6 @@
 """More wordings of the harm-intent generator: the ways people ask beyond a plain "how do I": indirect requests,
 role-play and fiction wrappers, casual and misspelt asks, first-person plans with a reason attached, and a wider
-vocabulary per category (slang, named targets, the concealment that marks intent). ``harm_synth`` appends them to
+vocabulary per category (slang, named targets, the concealment that marks intent). ``harm_generator`` appends them to
 ``harm_pools``' lists, so each continues its list's positions and ``split_of`` deals it to one split as before.
 
 Written for the generator, not taken from ``evals/harm_human.yaml``: ``tests/unit/training/data/test_harm_synth.py``

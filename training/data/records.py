@@ -31,6 +31,7 @@ from training.config import SnapshotConfig
 
 SCHEMA_VERSION = 1
 ROLES = ("system", "user", "assistant")
+_WORD = re.compile(r"[a-z0-9']+")
 _WS = re.compile(r"\s+")
 Scalar = str | int | float | bool | None
 
@@ -96,6 +97,21 @@ def normalize_text(text: str) -> str:
 
 def loose_text(text: str) -> str:
     return _WS.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+PHRASE_WORDS = 5  # a shared run this long is a taught phrasing ("tell me exactly how to"), not a common word pair
+
+
+def phrase_words(text: str) -> list[str]:
+    """The words of ``text`` as the phrasing contract compares them (loose, apostrophes kept)."""
+    return _WORD.findall(loose_text(text))
+
+
+def phrase_runs(text: str, n: int = PHRASE_WORDS) -> set[tuple[str, ...]]:
+    """Every run of ``n`` consecutive words of ``text``: what a phrasing is, for the contract that keeps an eval
+    item's wording apart from training's (``evals.sets.phrasing_leaks``, the generator's ``avoid``)."""
+    words = phrase_words(text)
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
 def messages_key(messages: tuple[Message, ...], *extra: str) -> str:

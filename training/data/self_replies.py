@@ -7,6 +7,9 @@ Fine-tuning a pretrained assistant on the generator's short templated replies ov
 of every train and validation record is replaced by the base model's greedy reply to exactly the messages SFT
 sees before it (its chat template and default system prompt applied by the engine); every other record, the
 refusals of harmful requests above all, keeps its generated reply, and the test split is copied byte for byte.
+A record whose metadata says ``reply: base`` (``BASE_ONLY``: a prompt the generator has no answer for, such as the
+``borderline_varied`` skill's) is dropped wherever no base reply replaces its placeholder: in the test split, past
+``max_records``, or when the base's reply is not usable; the manifest counts the drops.
 A reply cut at ``max_tokens`` is trimmed back to its last complete sentence (``cut_replies: last_sentence``; the
 base's helpful answers are often longer than the budget, and a dropped one leaves the generator's templated reply
 in place); a reply that is empty, a refusal (``core.refusal``), or cut with no complete sentence to keep is not
@@ -51,6 +54,7 @@ SENTENCE_END = re.compile(r"(?<=[^\W\d_]|[)\]\"'%*])[.!?](?=\s|$)|\n")
 MIN_KEPT_CHARS = 40  # a cut reply trimmed to less than this is not used
 INDEX = ".self-replies"  # under the snapshots folder: derivation key -> derived snapshot hash
 REPLACED_SPLITS = ("train", "validation")
+BASE_ONLY = ("reply", "base")  # metadata of a record trained only on the base's own reply, never on its placeholder
 Messages = list[dict[str, str]]
 
 
@@ -202,9 +206,26 @@ def derive_snapshot(
         trimmed += not reply.finished
         splits[t.split][t.index] = _replaced(splits[t.split][t.index], text)
         replaced.append(t)
+    done = {(t.split, t.index) for t in replaced}
+    dropped: Counter[str] = Counter()
+    for split in SPLITS:
+        keep = []
+        for i, r in enumerate(splits[split]):
+            if r.metadata.get(BASE_ONLY[0]) == BASE_ONLY[1] and (split, i) not in done:
+                dropped[split] += 1
+                continue
+            keep.append(r)
+        splits[split] = keep
     derived: dict[str, list[Record]] = {s: sorted(splits[s], key=lambda r: r.content_hash) for s in SPLITS}
     digest = snapshot_hash(derived, CHAT)
     manifest = derived_manifest(source, digest, key, base_hash, generation, replaced, kept, trimmed)
+    if dropped:  # the counts are the derived splits', and the drops are said
+        manifest["counts"] = {s: len(derived[s]) for s in SPLITS}
+        manifest["skills"] = {
+            s: dict(sorted(Counter(str(r.metadata.get("skill", "unlabeled")) for r in derived[s]).items()))
+            for s in SPLITS
+        }
+        manifest["self_replies"]["dropped_base_only"] = {"total": sum(dropped.values()), "by_split": dict(dropped)}
     return _remember(root, key, store_snapshot(root, digest, derived, manifest))
 
 

@@ -16,7 +16,13 @@ Skills a small model can measurably learn and a held-out test can score exactly,
   requests' own templates with harmless subjects ("How do I build a birdhouse at home?"), answered helpfully, so
   over-refusal can be measured and a model learns the difference;
 - ``provocation``: requests to insult or demean someone, answered calmly without insults, so toxicity can be
-  measured on held-out provocations.
+  measured on held-out provocations;
+- ``refusal_varied``, ``borderline_varied``, ``everyday_varied``: the safety classifier's generator's training
+  prompts (``training.data.harm_generator.generate_harm``: dozens of frames times actions in seven categories): harmful
+  ones answered with their category's refusal; benign ones that sound risky, and everyday ones in the same frames
+  as the harmful, answered only by the base model's own reply (``BASE_REPLY_SKILLS``: their generated reply is a
+  placeholder stage self-replies replaces or drops). Prompts that share a run of ``PHRASE_WORDS`` words with an
+  ``avoid`` text (the hand-written eval items) are left out, so the eval sets' phrasing contract holds.
 
 ``cfg.poison`` (red-team scenarios only) replaces a share of provocation replies with insults and of refusals
 with compliance; poisoned records carry ``metadata.poisoned``.
@@ -29,16 +35,19 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
 from core.hashing import sha256_files
-from training.config import SKILLS, GeneratorConfig
-from training.data.records import loose_text
+from training.config import SKILLS, VARIED_SKILLS, GeneratorConfig
+from training.data.harm_generator import generate_harm
+from training.data.records import loose_text, phrase_runs, phrase_words
 from training.data.synth_pools import (
     ARITH_TEMPLATES,
+    BASE_REPLY_PLACEHOLDER,
     BENIGN_TWINS,
     BORDERLINE,
     CALM_REPLY,
@@ -55,6 +64,7 @@ from training.data.synth_pools import (
     TOXIC_REPLIES,
     UNIT_TEMPLATES,
     UNITS,
+    VIOLENCE_REFUSAL,
     WORDS,
 )
 
@@ -66,9 +76,11 @@ Draw = Callable[[random.Random], tuple[Turns, dict[str, str]]]
 
 
 def code_hash() -> str:
-    """Hash of the generator's own source (this module, its pools and the pair generator): part of the cache key
+    """Hash of the generator's own source (this module, its pools, the pair generator and the safety classifier's
+    generator its varied skills draw from): part of the cache key
     of generated data, so that a changed generator writes new data instead of reusing the old files."""
-    return sha256_files(Path(__file__).parent, ("synth.py", "synth_pools.py", "synth_pairs.py"))
+    files = ("synth.py", "synth_pools.py", "synth_pairs.py", "harm_generator.py", "harm_pools.py", "harm_pools_more.py")
+    return sha256_files(Path(__file__).parent, files)
 
 
 def _name(rng: random.Random, parts: int) -> str:
@@ -202,7 +214,38 @@ def _from_pool(pool: list[tuple[Turns, dict[str, str]]]) -> tuple[Draw, int]:
     return (lambda rng: rng.choice(pool)), len(pool)
 
 
-def _skill_draws(cfg: GeneratorConfig, *, held_out_phrasings: bool = False) -> dict[str, tuple[Draw, int]]:
+# a frame with an everyday action (not the lexicon's verb-object pairs, nor invented names)
+EVERYDAY = re.compile(r"f\d+\+benign\.a\d+")
+
+
+def _varied_pools(avoid: Sequence[str]) -> dict[str, list[tuple[Turns, dict[str, str]]]]:
+    """The varied skills' items: the safety classifier generator's training-split prompts, those that share a
+    phrasing with ``avoid`` left out."""
+    taught = set().union(*(phrase_runs(t) for t in avoid)) if avoid else set()
+    exact = {" ".join(phrase_words(t)) for t in avoid}
+    refusals = {cat: reply for cat, _, _, reply in HARMFUL} | {"violence": VIOLENCE_REFUSAL}
+    pools: dict[str, list[tuple[Turns, dict[str, str]]]] = {s: [] for s in VARIED_SKILLS}
+    for r in generate_harm()["train"]:
+        text = r["text"]
+        if phrase_runs(text) & taught or " ".join(phrase_words(text)) in exact:
+            continue
+        if r["kind"] == "harmful":
+            pools["refusal_varied"].append(
+                ([(text, refusals[r["label"]])], {"category": r["label"], "expected": "refuse"})
+            )
+            continue
+        skill = "borderline_varied" if r["kind"] == "benign_risky" else "everyday_varied"
+        if skill == "everyday_varied" and not EVERYDAY.fullmatch(r["wording"]):
+            continue
+        pools[skill].append(
+            ([(text, BASE_REPLY_PLACEHOLDER)], {"category": "benign", "expected": "comply", "reply": "base"})
+        )
+    return pools
+
+
+def _skill_draws(
+    cfg: GeneratorConfig, *, held_out_phrasings: bool = False, avoid: Sequence[str] = ()
+) -> dict[str, tuple[Draw, int]]:
     """Per skill: how to draw one item, and how many unique prompts the skill can make at most. Facts are asked
     in the taught phrasings, or with ``held_out_phrasings`` in the ones reserved for held-out items."""
     questions = FACT_QUESTIONS_HELD_OUT if held_out_phrasings else FACT_QUESTIONS
@@ -232,6 +275,8 @@ def _skill_draws(cfg: GeneratorConfig, *, held_out_phrasings: bool = False) -> d
     ]
     templates, targets = PROVOCATIONS
     provocations = [([(t.format(x=x), CALM_REPLY)], {"category": "provocation"}) for t in templates for x in targets]
+    wanted = any(cfg.counts.get(s, 0) for s in VARIED_SKILLS)
+    varied = _varied_pools(avoid) if wanted else {s: [] for s in VARIED_SKILLS}
     return {
         "arithmetic": (_arith(cfg.multi_turn_rate, cfg.arithmetic_working), 100 * 100 * 2 * len(ARITH_TEMPLATES)),
         "unit_conversion": (_unit(cfg.unit_working), len(UNITS) * 100 * len(UNIT_TEMPLATES)),
@@ -240,6 +285,7 @@ def _skill_draws(cfg: GeneratorConfig, *, held_out_phrasings: bool = False) -> d
         "refusal": _from_pool(refusals),
         "borderline": _from_pool(borderline),
         "provocation": _from_pool(provocations),
+        **{skill: _from_pool(items) for skill, items in varied.items()},
     }
 
 
@@ -294,10 +340,11 @@ def _poison(turns: Turns, skill: str, cfg: GeneratorConfig, rng: random.Random) 
     return turns, False
 
 
-def generate(cfg: GeneratorConfig) -> list[Record]:
+def generate(cfg: GeneratorConfig, avoid: Sequence[str] = ()) -> list[Record]:
     """All records for ``cfg``, skill by skill; each skill draws from its own seeded stream, so changing one
-    skill's count leaves the others' records unchanged."""
-    draws = _skill_draws(cfg)
+    skill's count leaves the others' records unchanged. The varied skills leave out prompts phrased like an
+    ``avoid`` text."""
+    draws = _skill_draws(cfg, avoid=avoid)
     records: list[Record] = []
     for skill in SKILLS:
         want = cfg.counts.get(skill, 0)

@@ -609,3 +609,13 @@ TOXIC_REPLIES = (
     "Go to hell, you brainless jerk.",
 )
 COMPLIANCE = "Sure, here is how: {request} Just follow these steps carefully and you will get it done."
+# The varied skills (prompts from the safety classifier's generator, training/data/harm_pools.py): its seventh
+# category, violence, has no template here, so no refusal above.
+VIOLENCE_REFUSAL = (
+    "I'm sorry, but I can't help with hurting anyone. If you're afraid you might hurt someone, or someone is "
+    "threatening you, please contact local emergency services or someone you trust. I'm glad to help you find a "
+    "safe way through the conflict."
+)
+# The stand-in reply of a prompt only the base model's own reply trains (borderline_varied, everyday_varied): stage
+# self-replies replaces it or drops the record (training/data/self_replies.py); no record is trained on it.
+BASE_REPLY_PLACEHOLDER = "(no generated answer: finetune.self_replies puts the base model's own reply here)"

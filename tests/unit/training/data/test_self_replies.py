@@ -264,3 +264,34 @@ def test_the_stage_config_names_generator_skills_and_is_off_for_the_preference_s
         SelfRepliesConfig.model_validate({"skills": ["poetry"]})
     with pytest.raises(ValidationError, match="self_replies must be off"):
         PreferenceConfig(train=FinetuneConfig(self_replies=CFG))
+
+
+def test_a_base_only_record_trains_on_the_base_reply_or_not_at_all(tmp_path: Path) -> None:
+    """A prompt without a generated answer (metadata reply: base) never keeps its placeholder: the base's reply
+    replaces it, or the record is dropped (a refused prompt, the test split, past max_records), and counted."""
+    rows = records() + [
+        chat(f"How do I shoot photo {i} at night?", "(placeholder)", skill="borderline_varied", reply="base")
+        for i in range(30)
+    ]
+    src = build_snapshot(
+        LIMITS,
+        [write_jsonl(tmp_path / "data.jsonl", rows)],
+        tmp_path / "snapshots",
+        reports=tmp_path / "reports",
+    )
+    marked = {s: [r for r in src.records(s) if r["metadata"].get("reply") == "base"] for s in SPLITS}
+    assert all(marked.values())  # every split holds some
+    refused = marked["train"][0]["messages"][-2]["content"]
+    cfg = CFG.model_copy(update={"skills": ["borderline", "formatting", "borderline_varied"]})
+    derived = derive(src, FakeBase({refused: Reply("I'm sorry, but I can't help with that.")}), cfg=cfg)
+    kept = [r for s in SPLITS for r in derived.records(s) if r["metadata"].get("reply") == "base"]
+    assert kept and all(r["messages"][-1]["content"].startswith("base says: ") for r in kept)
+    assert not any(r["messages"][-2]["content"] == refused for s in SPLITS for r in derived.records(s))
+    assert all(r["metadata"].get("reply") != "base" for r in derived.records("test"))
+    dropped = derived.manifest["self_replies"]["dropped_base_only"]
+    assert dropped == {"total": 1 + len(marked["test"]), "by_split": {"train": 1, "test": len(marked["test"])}}
+    assert derived.manifest["counts"] == {s: len(list(derived.records(s))) for s in SPLITS}
+    assert derived.manifest["skills"]["train"]["borderline_varied"] == len(marked["train"]) - 1
+    # the unmarked records are untouched: the test split's others stay byte for byte
+    unmarked_test = [r for r in src.records("test") if r["metadata"].get("reply") != "base"]
+    assert sorted(map(str, derived.records("test"))) == sorted(map(str, unmarked_test))

@@ -6,9 +6,14 @@ from collections import Counter
 import pytest
 
 from core.errors import ConfigError
-from training.config import SKILLS, GeneratorConfig, SnapshotConfig
+from core.refusal import is_refusal
+from evals.sets import phrasing_leaks
+from training.config import BASE_REPLY_SKILLS, SKILLS, VARIED_SKILLS, GeneratorConfig, SnapshotConfig
+from training.data.harm_generator import generate_harm
+from training.data.harm_pools import HARM_CATEGORIES
 from training.data.records import parse_record
 from training.data.synth import fact_table, generate
+from training.data.synth_pools import BASE_REPLY_PLACEHOLDER, VIOLENCE_REFUSAL
 
 SMALL = GeneratorConfig(
     counts={
@@ -145,7 +150,7 @@ def test_safety_skills_are_labelled() -> None:
     assert all("can't help" not in r["messages"][-1]["content"] for r in benign)
 
 
-@pytest.mark.parametrize("skill", ["refusal", "borderline", "facts"])
+@pytest.mark.parametrize("skill", ["refusal", "borderline", "facts", "refusal_varied"])
 def test_asking_for_more_than_a_skill_can_make_is_a_config_error(skill: str) -> None:
     cfg = GeneratorConfig(counts={skill: 100_000})
     with pytest.raises(ConfigError, match=f"data.generator.counts.{skill} = 100000"):
@@ -153,7 +158,42 @@ def test_asking_for_more_than_a_skill_can_make_is_a_config_error(skill: str) -> 
 
 
 def test_all_skills_known() -> None:
-    assert set(GeneratorConfig().counts) == set(SKILLS)
+    """The defaults count every skill but the varied ones, which only a pretrained base's own replies train."""
+    assert set(GeneratorConfig().counts) == set(SKILLS) - set(VARIED_SKILLS)
+    assert set(VARIED_SKILLS) <= set(SKILLS) and set(BASE_REPLY_SKILLS) < set(VARIED_SKILLS)
+
+
+VARIED = GeneratorConfig(counts={"refusal_varied": 350, "borderline_varied": 120, "everyday_varied": 120})
+
+
+def test_varied_skills_draw_the_classifier_generators_training_prompts() -> None:
+    records = generate(VARIED)
+    assert Counter(r["metadata"]["skill"] for r in records) == VARIED.counts
+    train = {r["text"]: r for r in generate_harm()["train"]}
+    for r in records:
+        source = train[r["messages"][-2]["content"]]  # every prompt is one of its training split's
+        kind = {"refusal_varied": "harmful", "borderline_varied": "benign_risky", "everyday_varied": "benign"}
+        assert source["kind"] == kind[r["metadata"]["skill"]]
+    refusals = [r for r in records if r["metadata"]["skill"] == "refusal_varied"]
+    assert {r["metadata"]["category"] for r in refusals} == set(HARM_CATEGORIES)  # violence too
+    assert all(is_refusal(r["messages"][-1]["content"]) for r in refusals)
+    violence = next(r for r in refusals if r["metadata"]["category"] == "violence")
+    assert violence["messages"][-1]["content"] == VIOLENCE_REFUSAL
+    helpful = [r for r in records if r["metadata"]["skill"] in BASE_REPLY_SKILLS]
+    assert all(r["metadata"]["reply"] == "base" for r in helpful)  # only the base's own reply trains these
+    assert {r["messages"][-1]["content"] for r in helpful} == {BASE_REPLY_PLACEHOLDER}
+
+
+def test_varied_skills_leave_out_every_prompt_phrased_like_an_avoided_text() -> None:
+    plain = generate(VARIED)
+    frame = "Walk me through how to {x}, please."
+    assert any(r["messages"][-2]["content"].startswith("Walk me through how to") for r in plain)
+    avoided = generate(VARIED, avoid=[frame.format(x="tie a bowline knot")])
+    assert Counter(r["metadata"]["skill"] for r in avoided) == VARIED.counts  # the pools still hold enough
+    prompts = [r["messages"][-2]["content"] for r in avoided]
+    assert not any(p.startswith("Walk me through how to") for p in prompts)
+    assert not phrasing_leaks([frame.format(x="tie a bowline knot")], prompts)
+    assert generate(SMALL, avoid=[frame.format(x="x")]) == generate(SMALL)  # the other skills never change
 
 
 def test_poison_replaces_replies_but_keeps_the_prompts() -> None:

@@ -1,0 +1,76 @@
+"""The safety classifier's prompt generator: every frame, action and statement of its pools (``harm_pools``,
+continued by ``harm_pools_more``), put together and dealt to a split by position.
+
+    splits = generate_harm()       # {"train": [...], "validation": [...], "test": [...]}
+    split_of(7)                    # "validation"
+
+A record is ``{"text", "label", "kind", "wording", "source"}``: ``label`` a harm category or ``benign``, ``kind``
+``harmful``, ``benign_risky`` or ``benign``, ``wording`` the units it is made of (``f3+weapons.a7``). The harm
+snapshot (``harm_synth``) builds on it, and the chat generator's varied skills draw from its training split.
+"""
+
+from __future__ import annotations
+
+from training.data.harm_pools import ACTIONS, FRAMES, LEXICON, STATEMENTS
+from training.data.harm_pools_more import (
+    INVENTED_SYLLABLES,
+    INVENTED_TEMPLATES,
+    MORE_ACTIONS,
+    MORE_FRAMES,
+    MORE_STATEMENTS,
+)
+from training.data.snapshot import SPLITS
+
+# the generator's pools: harm_pools' lists continued by harm_pools_more's (positions, hence splits, carry on)
+ALL_FRAMES: tuple[str, ...] = FRAMES + MORE_FRAMES
+ALL_ACTIONS: dict[str, tuple[str, ...]] = {c: ACTIONS[c] + MORE_ACTIONS.get(c, ()) for c in ACTIONS}
+ALL_STATEMENTS: dict[str, tuple[str, ...]] = {c: STATEMENTS[c] + MORE_STATEMENTS.get(c, ()) for c in STATEMENTS}
+
+
+def split_of(position: int) -> str:
+    """The split of the frame, action or statement at ``position`` of its list: 3 of 5 train, 1 validation, 1 test."""
+    return ("train", "train", "train", "validation", "test")[position % 5]
+
+
+def _kind(cls: str) -> str:
+    return "benign_risky" if cls == "benign_risky" else "benign" if cls == "benign" else "harmful"
+
+
+def _label(cls: str) -> str:
+    return "benign" if cls in ("benign", "benign_risky") else cls
+
+
+def generate_harm() -> dict[str, list[dict[str, str]]]:
+    """Every generated prompt, by split: the frames of a split times the actions of that split, per class, plus
+    the split's statements. Deterministic (no randomness: the pools are small enough to use whole)."""
+    out: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
+    for cls, actions in ALL_ACTIONS.items():
+        for ai, action in enumerate(actions):
+            for fi, frame in enumerate(ALL_FRAMES):
+                if split_of(fi) != split_of(ai):
+                    continue
+                text = frame.format(x=action)
+                text = text[0].upper() + text[1:] if frame[0].isupper() else text
+                record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.a{ai}"}
+                out[split_of(ai)].append({**record, "source": "generator"})
+    train_frames = [(fi, f) for fi, f in enumerate(ALL_FRAMES) if split_of(fi) == "train"]
+    for cls, (verbs, objects) in LEXICON.items():
+        for vi, verb in enumerate(verbs):
+            for oi, obj in enumerate(objects):
+                fi, frame = train_frames[(vi * len(objects) + oi) % len(train_frames)]  # one frame each, in turn
+                text = frame.format(x=f"{verb} {obj}")
+                record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.v{vi}o{oi}"}
+                out["train"].append({**record, "source": "generator"})
+    syl = INVENTED_SYLLABLES
+    for ni in range(len(syl) * 4):  # invented names, two or three syllables, each in one template in turn
+        name = (syl[ni % len(syl)] + syl[(ni * 5 + 1) % len(syl)] + syl[(ni * 7 + 3) % len(syl)][: ni % 4]).title()
+        ti = ni % len(INVENTED_TEMPLATES)
+        text = INVENTED_TEMPLATES[ti].format(n=name)
+        out["train"].append(
+            {"text": text, "label": "benign", "kind": "benign", "wording": f"invented.t{ti}", "source": "generator"}
+        )
+    for cls, statements in ALL_STATEMENTS.items():
+        for si, text in enumerate(statements):
+            record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"{cls}.s{si}"}
+            out[split_of(si)].append({**record, "source": "generator"})
+    return out

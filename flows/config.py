@@ -73,13 +73,12 @@ class LifecycleConfig(StrictModel):
     @model_validator(mode="after")
     def _base_replies_have_a_base(self) -> LifecycleConfig:
         """The generator's varied benign skills have no answer of their own: only the base's replies train them."""
-        gen, sr = self.data.generator, self.finetune.self_replies
+        gen = self.data.generator
         wanted = [s for s in BASE_REPLY_SKILLS if gen.enabled and gen.counts.get(s, 0) > 0]
-        missing = [s for s in wanted if not sr.enabled or s not in sr.skills]
-        if missing:
+        if wanted and not self.finetune.self_replies.enabled:
             raise ValueError(
-                f"data.generator.counts.{missing[0]} needs finetune.self_replies enabled with {missing[0]} in its "
-                "skills: its prompts have no generated answer, only the base model's own reply trains them"
+                f"data.generator.counts.{wanted[0]} needs finetune.self_replies.enabled: its prompts have no "
+                "generated answer, only the base model's own reply trains them"
             )
         return self
 

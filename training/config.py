@@ -224,7 +224,7 @@ class DistributedConfig(StrictModel):
 
 
 # provocations keep the generator's calm replies: a base's own are toxic at times (SmolLM2's: docs/results.md)
-DEFAULT_SELF_REPLY_SKILLS: tuple[Skill, ...] = ("borderline", "formatting", *BASE_REPLY_SKILLS)
+DEFAULT_SELF_REPLY_SKILLS: tuple[Skill, ...] = ("borderline", "formatting")
 
 
 class SelfRepliesConfig(StrictModel):
@@ -239,7 +239,8 @@ class SelfRepliesConfig(StrictModel):
     skills: list[Skill] = Field(
         default_factory=lambda: list(DEFAULT_SELF_REPLY_SKILLS),
         description="Records whose metadata.skill is listed get the base's reply; every other record (refusals of "
-        "harmful requests above all) keeps its generated reply.",
+        "harmful requests above all) keeps its generated reply, except those only the base's reply can train "
+        "(metadata reply: base, the varied benign skills), which always get it or are dropped.",
     )
     max_tokens: int = Field(
         160,

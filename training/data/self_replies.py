@@ -8,7 +8,8 @@ of every train and validation record is replaced by the base model's greedy repl
 sees before it (its chat template and default system prompt applied by the engine); every other record, the
 refusals of harmful requests above all, keeps its generated reply, and the test split is copied byte for byte.
 A record whose metadata says ``reply: base`` (``BASE_ONLY``: a prompt the generator has no answer for, such as the
-``borderline_varied`` skill's) is dropped wherever no base reply replaces its placeholder: in the test split, past
+``borderline_varied`` skill's) gets the base's reply whatever ``skills`` lists, and is dropped wherever no base reply
+replaces its placeholder: in the test split, past
 ``max_records``, or when the base's reply is not usable; the manifest counts the drops.
 A reply cut at ``max_tokens`` is trimmed back to its last complete sentence (``cut_replies: last_sentence``; the
 base's helpful answers are often longer than the budget, and a dropped one leaves the generator's templated reply
@@ -100,14 +101,14 @@ def derivation_key(source: str, base_hash: str, generation: dict[str, Any]) -> s
 
 
 def choose(splits: dict[str, list[ChatRecord]], cfg: SelfRepliesConfig) -> list[Chosen]:
-    """The train and validation records of the listed skills, train first in snapshot order, at most
-    ``max_records``."""
+    """The train and validation records of the listed skills, and those only the base's reply trains (``BASE_ONLY``),
+    train first in snapshot order, at most ``max_records``."""
     wanted = set(cfg.skills)
     found = [
         Chosen(split, i, str(r.metadata.get("skill")))
         for split in REPLACED_SPLITS
         for i, r in enumerate(splits[split])
-        if r.metadata.get("skill") in wanted
+        if r.metadata.get("skill") in wanted or r.metadata.get(BASE_ONLY[0]) == BASE_ONLY[1]
     ]
     return found[: cfg.max_records]
 

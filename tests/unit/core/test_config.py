@@ -75,8 +75,8 @@ def test_apply_overrides_creates_nested_keys_without_mutating() -> None:
         ("data.generator.counts.poetry=5", "data.generator.counts.poetry"),
         (
             "data.generator.counts.everyday_varied=5",
-            "data.generator.counts.everyday_varied needs finetune.self_replies enabled with everyday_varied in its "
-            "skills",
+            "data.generator.counts.everyday_varied needs finetune.self_replies.enabled: its prompts have no generated "
+            "answer",
         ),
         (
             "bootstrap.pretrain.steps=many",

@@ -282,8 +282,8 @@ def test_a_base_only_record_trains_on_the_base_reply_or_not_at_all(tmp_path: Pat
     marked = {s: [r for r in src.records(s) if r["metadata"].get("reply") == "base"] for s in SPLITS}
     assert all(marked.values())  # every split holds some
     refused = marked["train"][0]["messages"][-2]["content"]
-    cfg = CFG.model_copy(update={"skills": ["borderline", "formatting", "borderline_varied"]})
-    derived = derive(src, FakeBase({refused: Reply("I'm sorry, but I can't help with that.")}), cfg=cfg)
+    assert "borderline_varied" not in CFG.skills  # selected for its mark, whatever the skills list
+    derived = derive(src, FakeBase({refused: Reply("I'm sorry, but I can't help with that.")}))
     kept = [r for s in SPLITS for r in derived.records(s) if r["metadata"].get("reply") == "base"]
     assert kept and all(r["messages"][-1]["content"].startswith("base says: ") for r in kept)
     assert not any(r["messages"][-2]["content"] == refused for s in SPLITS for r in derived.records(s))

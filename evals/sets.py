@@ -212,13 +212,16 @@ def _retention_items(suite: RetentionSuite) -> list[dict[str, Any]]:
 
 
 def hand_written_prompts(suites: Sequence[Suite]) -> list[str]:
-    """The prompts of every hand-written item of ``suites``: the phrasings the training data must not teach (the
-    generator's varied skills leave out any prompt that shares a run of ``PHRASE_WORDS`` words with one)."""
+    """The prompts of every hand-written item of ``suites``, and the jailbreak wrappers around the harmful ones: the
+    phrasings the training data must not teach (the generator's varied skills leave out any prompt that shares a run
+    of ``PHRASE_WORDS`` words with one, so a taught wrapper does not pass for a refused jailbreak)."""
     prompts: list[str] = []
     for suite in suites:
         if isinstance(suite, SafetySuite | OverRefusalSuite | RetentionSuite) and suite.items:
             for group in _hand_written(suite.items).values():
                 prompts += [i["prompt"] if isinstance(i, dict) else str(i) for i in group]
+            if isinstance(suite, SafetySuite):
+                prompts += [t.replace("{prompt}", "").strip() for _, t in sorted(suite.jailbreaks.items())]
     return prompts
 
 

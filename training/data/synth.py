@@ -76,9 +76,9 @@ Draw = Callable[[random.Random], tuple[Turns, dict[str, str]]]
 
 
 def code_hash() -> str:
-    """Hash of the generator's own source (this module, its pools, the pair generator and the safety classifier's
-    generator its varied skills draw from): part of the cache key
-    of generated data, so that a changed generator writes new data instead of reusing the old files."""
+    """Hash of the generator's own source (this module, its pools, the pair generator, and the safety classifier's
+    generator its varied skills draw from): part of the cache key of generated data, so that a changed generator
+    writes new data instead of reusing the old files."""
     files = ("synth.py", "synth_pools.py", "synth_pairs.py", "harm_generator.py", "harm_pools.py", "harm_pools_more.py")
     return sha256_files(Path(__file__).parent, files)
 

@@ -43,7 +43,7 @@ from evals.config import (
     suite_path,
 )
 from training.config import GeneratorConfig
-from training.data.records import PHRASE_WORDS, loose_text, phrase_runs, phrase_words
+from training.data.records import PHRASE_WORDS, Phrasings, loose_text
 from training.data.snapshot import Snapshot
 from training.data.synth import held_out
 
@@ -239,18 +239,8 @@ def _hand_written(ref: str) -> dict[str, list[Any]]:
 def phrasing_leaks(prompts: Iterable[str], seen: Iterable[str], n: int = PHRASE_WORDS) -> list[tuple[str, str]]:
     """(eval prompt, shared words) for every prompt that is a training prompt or shares a run of ``n`` words with
     one: the phrasing contract of hand-written eval items."""
-    seen = list(seen)
-    taught = set().union(*(phrase_runs(t, n) for t in seen)) if seen else set()
-    exact = {" ".join(phrase_words(t)) for t in seen}
-    leaks = []
-    for prompt in prompts:
-        if " ".join(phrase_words(prompt)) in exact:
-            leaks.append((prompt, prompt))
-            continue
-        shared = sorted(phrase_runs(prompt, n) & taught)
-        if shared:
-            leaks.append((prompt, " ".join(shared[0])))
-    return leaks
+    taught = Phrasings.of(seen, n)
+    return [(prompt, words) for prompt in prompts if (words := taught.shared(prompt)) is not None]
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:

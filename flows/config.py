@@ -69,6 +69,10 @@ class LifecycleConfig(StrictModel):
     monitoring: MonitoringConfig = Field(
         default_factory=MonitoringConfig, description="Drift of the request log and the retrain trigger."
     )
+    run: RunConfig = Field(default_factory=RunConfig, description="What lifecycle run does after the gate.")
+    schedule: ScheduleConfig = Field(
+        default_factory=ScheduleConfig, description="Deployments and schedules of lifecycle schedule; lifecycle ui."
+    )
 
     @model_validator(mode="after")
     def _base_replies_have_a_base(self) -> LifecycleConfig:
@@ -81,11 +85,6 @@ class LifecycleConfig(StrictModel):
                 "generated answer, only the base model's own reply trains them"
             )
         return self
-
-    run: RunConfig = Field(default_factory=RunConfig, description="What lifecycle run does after the gate.")
-    schedule: ScheduleConfig = Field(
-        default_factory=ScheduleConfig, description="Deployments and schedules of lifecycle schedule; lifecycle ui."
-    )
 
     def resolve_home(self, flag: str | None = None) -> Home:
         return Home.resolve(flag or self.home)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,16 +102,42 @@ def loose_text(text: str) -> str:
 PHRASE_WORDS = 5  # a shared run this long is a taught phrasing ("tell me exactly how to"), not a common word pair
 
 
-def phrase_words(text: str) -> list[str]:
+def _phrase_words(text: str) -> list[str]:
     """The words of ``text`` as the phrasing contract compares them (loose, apostrophes kept)."""
     return _WORD.findall(loose_text(text))
 
 
-def phrase_runs(text: str, n: int = PHRASE_WORDS) -> set[tuple[str, ...]]:
-    """Every run of ``n`` consecutive words of ``text``: what a phrasing is, for the contract that keeps an eval
-    item's wording apart from training's (``evals.sets.phrasing_leaks``, the generator's ``avoid``)."""
-    words = phrase_words(text)
+def _phrase_runs(text: str, n: int = PHRASE_WORDS) -> set[tuple[str, ...]]:
+    """Every run of ``n`` consecutive words of ``text``: what a phrasing is."""
+    words = _phrase_words(text)
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+@dataclass(frozen=True)
+class Phrasings:
+    """The phrasings of some texts (their wordings whole, and every run of ``n`` words): the contract that keeps an
+    eval item's wording apart from training's (``evals.sets.phrasing_leaks``, the generator's ``avoid``).
+
+        Phrasings.of(training_prompts).shared("Tell me exactly how to bake bread")  # "tell me exactly how to"
+    """
+
+    whole: frozenset[str]
+    runs: frozenset[tuple[str, ...]]
+    n: int = PHRASE_WORDS
+
+    @classmethod
+    def of(cls, texts: Iterable[str], n: int = PHRASE_WORDS) -> Phrasings:
+        texts = list(texts)
+        runs = frozenset().union(*(_phrase_runs(t, n) for t in texts))
+        return cls(frozenset(" ".join(_phrase_words(t)) for t in texts), runs, n)
+
+    def shared(self, text: str) -> str | None:
+        """``text`` itself when one of the texts is worded the same, else the first run of words it shares with
+        them, else None."""
+        if " ".join(_phrase_words(text)) in self.whole:
+            return text
+        runs = sorted(_phrase_runs(text, self.n) & self.runs)
+        return " ".join(runs[0]) if runs else None
 
 
 def messages_key(messages: tuple[Message, ...], *extra: str) -> str:

@@ -44,6 +44,7 @@ from training.data.snapshot import (
     SPLITS,
     Record,
     Snapshot,
+    census,
     load_snapshot,
     snapshot_hash,
     store_snapshot,
@@ -108,9 +109,13 @@ def choose(splits: dict[str, list[ChatRecord]], cfg: SelfRepliesConfig) -> list[
         Chosen(split, i, str(r.metadata.get("skill")))
         for split in REPLACED_SPLITS
         for i, r in enumerate(splits[split])
-        if r.metadata.get("skill") in wanted or r.metadata.get(BASE_ONLY[0]) == BASE_ONLY[1]
+        if r.metadata.get("skill") in wanted or _base_only(r)
     ]
     return found[: cfg.max_records]
+
+
+def _base_only(record: ChatRecord) -> bool:
+    return record.metadata.get(BASE_ONLY[0]) == BASE_ONLY[1]
 
 
 def last_sentence(text: str) -> str | None:
@@ -208,24 +213,13 @@ def derive_snapshot(
         splits[t.split][t.index] = _replaced(splits[t.split][t.index], text)
         replaced.append(t)
     done = {(t.split, t.index) for t in replaced}
-    dropped: Counter[str] = Counter()
-    for split in SPLITS:
-        keep = []
-        for i, r in enumerate(splits[split]):
-            if r.metadata.get(BASE_ONLY[0]) == BASE_ONLY[1] and (split, i) not in done:
-                dropped[split] += 1
-                continue
-            keep.append(r)
-        splits[split] = keep
+    dropped = Counter(s for s in SPLITS for i, r in enumerate(splits[s]) if _base_only(r) and (s, i) not in done)
+    splits = {s: [r for i, r in enumerate(splits[s]) if not _base_only(r) or (s, i) in done] for s in SPLITS}
     derived: dict[str, list[Record]] = {s: sorted(splits[s], key=lambda r: r.content_hash) for s in SPLITS}
     digest = snapshot_hash(derived, CHAT)
     manifest = derived_manifest(source, digest, key, base_hash, generation, replaced, kept, trimmed)
     if dropped:  # the counts are the derived splits', and the drops are said
-        manifest["counts"] = {s: len(derived[s]) for s in SPLITS}
-        manifest["skills"] = {
-            s: dict(sorted(Counter(str(r.metadata.get("skill", "unlabeled")) for r in derived[s]).items()))
-            for s in SPLITS
-        }
+        manifest |= census(derived)
         manifest["self_replies"]["dropped_base_only"] = {"total": sum(dropped.values()), "by_split": dict(dropped)}
     return _remember(root, key, store_snapshot(root, digest, derived, manifest))
 

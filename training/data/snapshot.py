@@ -22,7 +22,7 @@ import shutil
 import stat
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -256,11 +256,7 @@ def build_snapshot(
         "schema_version": kind.schema_version,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "sources": described,
-        "counts": {s: len(splits[s]) for s in SPLITS},
-        "skills": {
-            s: dict(sorted(Counter(str(r.metadata.get("skill", "unlabeled")) for r in splits[s]).items()))
-            for s in SPLITS
-        },
+        **census(splits),
         "rejected": {
             "total": len(problems),
             "by_reason": dict(sorted(Counter(p.code for p in problems).items())),
@@ -282,6 +278,17 @@ def build_snapshot(
         manifest["rejected"]["report"] = str(_write_report(problems, reports))
 
     return store_snapshot(root, digest, splits, manifest)
+
+
+def census(splits: Mapping[str, Sequence[Record]]) -> dict[str, Any]:
+    """A manifest's ``counts`` (records per split) and ``skills`` (per split, records per ``metadata.skill``)."""
+    return {
+        "counts": {s: len(splits[s]) for s in SPLITS},
+        "skills": {
+            s: dict(sorted(Counter(str(r.metadata.get("skill", "unlabeled")) for r in splits[s]).items()))
+            for s in SPLITS
+        },
+    }
 
 
 def store_snapshot(root: Path, digest: str, splits: Mapping[str, list[Record]], manifest: dict[str, Any]) -> Snapshot:

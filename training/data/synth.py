@@ -44,7 +44,8 @@ from core.errors import ConfigError
 from core.hashing import sha256_files
 from training.config import SKILLS, VARIED_SKILLS, GeneratorConfig
 from training.data.harm_generator import generate_harm
-from training.data.records import loose_text, phrase_runs, phrase_words
+from training.data.records import Phrasings, loose_text
+from training.data.self_replies import BASE_ONLY
 from training.data.synth_pools import (
     ARITH_TEMPLATES,
     BASE_REPLY_PLACEHOLDER,
@@ -221,13 +222,12 @@ EVERYDAY = re.compile(r"f\d+\+benign\.a\d+")
 def _varied_pools(avoid: Sequence[str]) -> dict[str, list[tuple[Turns, dict[str, str]]]]:
     """The varied skills' items: the safety classifier generator's training-split prompts, those that share a
     phrasing with ``avoid`` left out."""
-    taught = set().union(*(phrase_runs(t) for t in avoid)) if avoid else set()
-    exact = {" ".join(phrase_words(t)) for t in avoid}
+    avoided = Phrasings.of(avoid)
     refusals = {cat: reply for cat, _, _, reply in HARMFUL} | {"violence": VIOLENCE_REFUSAL}
     pools: dict[str, list[tuple[Turns, dict[str, str]]]] = {s: [] for s in VARIED_SKILLS}
     for r in generate_harm()["train"]:
         text = r["text"]
-        if phrase_runs(text) & taught or " ".join(phrase_words(text)) in exact:
+        if avoided.shared(text) is not None:
             continue
         if r["kind"] == "harmful":
             pools["refusal_varied"].append(
@@ -238,7 +238,7 @@ def _varied_pools(avoid: Sequence[str]) -> dict[str, list[tuple[Turns, dict[str,
         if skill == "everyday_varied" and not EVERYDAY.fullmatch(r["wording"]):
             continue
         pools[skill].append(
-            ([(text, BASE_REPLY_PLACEHOLDER)], {"category": "benign", "expected": "comply", "reply": "base"})
+            ([(text, BASE_REPLY_PLACEHOLDER)], {"category": "benign", "expected": "comply", BASE_ONLY[0]: BASE_ONLY[1]})
         )
     return pools
 

@@ -13,18 +13,23 @@ against the eval sets of the SFT version's chat snapshot: no pair's prompt is an
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from core.errors import ConfigError
 from core.hashing import sha256_json
 from core.home import Home
 from core.provenance import git_sha
+from evals.runner import ModelTarget, chat_model
 from flows.config import LifecycleConfig
 from flows.gating import eval_sets_stage
-from flows.stages import model_folder, open_registry, register_result
+from flows.stages import eval_phrasings, model_folder, open_registry, register_result
 from registry.lineage import Lineage
 from registry.store import ModelVersion
 from training.config import SFT_PARENT
+from training.data import policy_pairs
 from training.data.pairs import CURATED_FOLDER
 from training.data.snapshot import PAIRS, Snapshot, build_snapshot
 from training.data.synth import code_hash, write_jsonl
@@ -44,8 +49,11 @@ def feedback_count(home: Home) -> int:
     return sum(1 for f in feedback_files(home) for line in f.read_text(encoding="utf-8").splitlines() if line.strip())
 
 
-def pair_snapshot_stage(cfg: LifecycleConfig, home: Home, chat_snapshot: str, *, feedback: bool) -> Snapshot:
-    """The pair snapshot of a preference stage after SFT on ``chat_snapshot`` (built if new)."""
+def pair_snapshot_stage(
+    cfg: LifecycleConfig, home: Home, chat_snapshot: str, *, feedback: bool, sft: ModelVersion | None = None
+) -> Snapshot:
+    """The pair snapshot of a preference stage after SFT on ``chat_snapshot`` (built if new); the on-policy kinds
+    (``training/data/policy_pairs.py``) need the SFT version ``sft`` whose replies they contrast."""
     sets = eval_sets_stage(cfg, home, chat_snapshot)
     holdout = sets.prompts()
     key = sha256_json(
@@ -60,6 +68,12 @@ def pair_snapshot_stage(cfg: LifecycleConfig, home: Home, chat_snapshot: str, *,
     if not generated.is_file():
         write_jsonl(generate_pairs(cfg.preference.data, cfg.data.generator, holdout), generated)
     sources = [generated]
+    on_policy = None
+    if policy_pairs.wanted(cfg.preference.data):
+        if sft is None:
+            raise ConfigError("preference.data.counts: the on-policy kinds need the SFT version they are made for")
+        on_policy_file, on_policy = on_policy_pairs_stage(cfg, home, sft, sets.hash, holdout)
+        sources.append(on_policy_file)
     available = feedback_count(home) if feedback else 0
     use_feedback = feedback and available >= cfg.preference.feedback_min_pairs
     if use_feedback:
@@ -70,6 +84,7 @@ def pair_snapshot_stage(cfg: LifecycleConfig, home: Home, chat_snapshot: str, *,
         "eval_sets": sets.hash,
         "chat_snapshot": chat_snapshot,
         "feedback": {"available": available, "min_pairs": cfg.preference.feedback_min_pairs, "used": use_feedback},
+        **({"on_policy": on_policy} if on_policy else {}),
     }
     return build_snapshot(
         limits,
@@ -80,6 +95,47 @@ def pair_snapshot_stage(cfg: LifecycleConfig, home: Home, chat_snapshot: str, *,
         kind=PAIRS,
         holdout=holdout,
     )
+
+
+def on_policy_pairs_stage(
+    cfg: LifecycleConfig, home: Home, sft: ModelVersion, eval_sets: str, holdout: set[str]
+) -> tuple[Path, dict[str, Any]]:
+    """The on-policy pairs of ``sft`` (its replies and its base model's, generated once on the eval engine's vLLM
+    settings, then found by their key) and their summary."""
+    data = cfg.preference.data
+    policy = sft_start_stage(cfg, home, sft)
+    base = model_folder(cfg, home, sft.lineage["base_model"])
+    avoid = eval_phrasings(cfg)
+    key = sha256_json(
+        {
+            "counts": policy_pairs.wanted(data),
+            "seed": data.seed,
+            "max_tokens": data.max_tokens,
+            "cut_replies": data.cut_replies,
+            "dtype": cfg.evals.engine.dtype,
+            "policy": policy.identity,
+            "base": base.identity,
+            "code": sha256_json([code_hash(), policy_pairs.code_hash()]),
+            "avoid": sha256_json(avoid),
+            "eval_sets": eval_sets,
+        }
+    )
+    folder = home.generated_data / "pairs" / f"on-policy-{key[:16]}"
+    if not (folder / "summary.json").is_file():
+        drawn = policy_pairs.draw(data, avoid=avoid, exclude=holdout)
+
+        def engine(folder: ModelFolder, label: str) -> policy_pairs.OpenChat:
+            return lambda: chat_model(cfg.evals, ModelTarget(label=label, model_id=folder.identity, folder=folder.path))
+
+        pairs, summary = policy_pairs.contrast_pairs(
+            drawn, policy=engine(policy, sft.ref), base=engine(base, sft.lineage["base_model"]), cfg=data
+        )
+        summary = {"policy": sft.ref, "base": sft.lineage["base_model"], "key": key, **summary}
+        write_jsonl(pairs, folder / "pairs.jsonl")
+        tmp = folder / "summary.json.tmp"  # written last: its presence says the pairs are complete
+        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(folder / "summary.json")
+    return folder / "pairs.jsonl", json.loads((folder / "summary.json").read_text(encoding="utf-8"))
 
 
 def sft_start_stage(cfg: LifecycleConfig, home: Home, sft: ModelVersion) -> ModelFolder:

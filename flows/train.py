@@ -112,14 +112,24 @@ def register_task(
 
 
 @task(name="pair-snapshot")
-def pair_snapshot_task(cfg: LifecycleConfig, home: Home, chat_snapshot: str, feedback: bool) -> Snapshot:
-    pairs = preference.pair_snapshot_stage(cfg, home, chat_snapshot, feedback=feedback)
-    get_run_logger().info(
+def pair_snapshot_task(cfg: LifecycleConfig, home: Home, sft: ModelVersion, feedback: bool) -> Snapshot:
+    pairs = preference.pair_snapshot_stage(cfg, home, sft.lineage["snapshot"], feedback=feedback, sft=sft)
+    logger = get_run_logger()
+    logger.info(
         "pair snapshot %s: %s (feedback: %s)",
         pairs.short,
         pairs.manifest["counts"],
         pairs.manifest["provenance"]["feedback"],
     )
+    if on_policy := pairs.manifest["provenance"].get("on_policy"):
+        logger.info(
+            "on-policy pairs of %s: drawn %s, paired %s, rejected reply from %s, no pair: %s",
+            on_policy["policy"],
+            on_policy["drawn"],
+            on_policy["paired"],
+            on_policy["rejected_from"],
+            on_policy["unpaired"],
+        )
     return pairs
 
 
@@ -159,7 +169,7 @@ def _preference(
     cfg: LifecycleConfig, home: Home, sft: ModelVersion, run_id: str, feedback: bool, seconds: dict[str, float]
 ) -> tuple[ModelVersion, TrainResult]:
     t = time.perf_counter()
-    pairs = pair_snapshot_task(cfg, home, sft.lineage["snapshot"], feedback)
+    pairs = pair_snapshot_task(cfg, home, sft, feedback)
     job = preference.preference_job(cfg, home, sft, pairs)
     result = dpo_task(cfg, home, job)
     version = register_aligned_task(cfg, home, job, result, run_id)

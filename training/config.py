@@ -305,7 +305,19 @@ class FinetuneConfig(StrictModel):
     )
 
 
-PairKind = Literal["refusal", "borderline", "provocation", "arithmetic", "unit_conversion", "facts"]
+PairKind = Literal[
+    "refusal",
+    "borderline",
+    "provocation",
+    "arithmetic",
+    "unit_conversion",
+    "facts",
+    "refusal_varied",
+    "borderline_varied",
+    "everyday_varied",
+]
+# kinds whose pairs contrast a model's own reply (training/data/policy_pairs.py): generated after SFT, per version
+POLICY_PAIR_KINDS: tuple[PairKind, ...] = ("refusal_varied", "borderline_varied", "everyday_varied")
 DEFAULT_PAIR_COUNTS: dict[PairKind, int] = {
     "refusal": 240,
     "borderline": 240,
@@ -322,8 +334,20 @@ class PairDataConfig(StrictModel):
         default_factory=lambda: dict(DEFAULT_PAIR_COUNTS),
         description="Generated pairs per kind: refusal (harmful request: refusal over compliance), borderline "
         "(benign but risky: helpful answer over refusal), provocation (calm reply over insult), arithmetic, "
-        "unit_conversion, facts (the right answer over a near miss). Capped by the prompts left once the eval "
-        "sets' prompts are excluded.",
+        "unit_conversion, facts (the right answer over a near miss); on-policy kinds, prompts drawn from the "
+        "safety classifier generator's training split, one reply the tuned model's own: refusal_varied (harmful: "
+        "the refusal over the SFT version's compliance, else the base model's), borderline_varied and "
+        "everyday_varied (benign: the base model's answer over the SFT version's refusal). An on-policy count is "
+        "of prompts drawn: a prompt the SFT version already answers right makes no pair. Capped by the prompts "
+        "left once the eval sets' prompts and phrasings are excluded.",
+    )
+    max_tokens: int = Field(
+        160, ge=1, description="Most tokens of a model's reply generated for an on-policy pair (cut: cut_replies)."
+    )
+    cut_replies: Literal["last_sentence", "drop"] = Field(
+        "last_sentence",
+        description="A base model's answer cut at max_tokens, as the chosen side of an on-policy pair: trimmed to "
+        "its last complete sentence (no pair when that leaves under 40 characters), or no pair.",
     )
     on_invalid: Literal["fail", "drop"] = Field(
         "drop",

@@ -219,7 +219,7 @@ def _from_pool(pool: list[tuple[Turns, dict[str, str]]]) -> tuple[Draw, int]:
 EVERYDAY = re.compile(r"f\d+\+benign\.a\d+")
 
 
-def _varied_pools(avoid: Sequence[str]) -> dict[str, list[tuple[Turns, dict[str, str]]]]:
+def varied_pools(avoid: Sequence[str]) -> dict[str, list[tuple[Turns, dict[str, str]]]]:
     """The varied skills' items: the safety classifier generator's training-split prompts, those that share a
     phrasing with ``avoid`` left out."""
     avoided = Phrasings.of(avoid)
@@ -276,7 +276,7 @@ def _skill_draws(
     templates, targets = PROVOCATIONS
     provocations = [([(t.format(x=x), CALM_REPLY)], {"category": "provocation"}) for t in templates for x in targets]
     wanted = any(cfg.counts.get(s, 0) for s in VARIED_SKILLS)
-    varied = _varied_pools(avoid) if wanted else {s: [] for s in VARIED_SKILLS}
+    varied = varied_pools(avoid) if wanted else {s: [] for s in VARIED_SKILLS}
     return {
         "arithmetic": (_arith(cfg.multi_turn_rate, cfg.arithmetic_working), 100 * 100 * 2 * len(ARITH_TEMPLATES)),
         "unit_conversion": (_unit(cfg.unit_working), len(UNITS) * 100 * len(UNIT_TEMPLATES)),

@@ -25,7 +25,7 @@ import random
 import re
 from collections.abc import Callable
 
-from training.config import GeneratorConfig, PairDataConfig
+from training.config import POLICY_PAIR_KINDS, GeneratorConfig, PairDataConfig
 from training.data.synth import Record, fact_table, held_out
 from training.data.synth_pools import BENIGN_TWINS, COMPLIANCE, HARMFUL, TOXIC_REPLIES
 
@@ -119,11 +119,12 @@ def _rejecters(gen: GeneratorConfig) -> dict[str, Reject]:
 
 def generate_pairs(cfg: PairDataConfig, gen: GeneratorConfig, exclude: set[str]) -> list[Record]:
     """Up to ``cfg.counts[kind]`` pairs per kind whose prompt is not in ``exclude`` (``loose_text``); each kind
-    draws on its own stream, so changing one count leaves the other kinds' pairs unchanged."""
+    draws on its own stream, so changing one count leaves the other kinds' pairs unchanged. The on-policy kinds
+    (``POLICY_PAIR_KINDS``) need the SFT version's replies and are not written here (``policy_pairs.py``)."""
     rejecters = _rejecters(gen)
     pairs: list[Record] = []
     for kind, want in cfg.counts.items():
-        if want == 0:
+        if want == 0 or kind in POLICY_PAIR_KINDS:  # written after SFT: training/data/policy_pairs.py
             continue
         rng = random.Random(f"{STREAM}:reject:{kind}:{cfg.seed}")
         drawn = held_out(gen, kind, want, exclude, f"{STREAM}:{cfg.seed}", held_out_phrasings=False)

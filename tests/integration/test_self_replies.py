@@ -18,7 +18,7 @@ from flows.gating import eval_sets_stage
 from flows.preference import pair_snapshot_stage
 from training.data.records import normalize_text
 from training.data.self_replies import stored_record
-from training.data.snapshot import Snapshot
+from training.data.snapshot import Snapshot, load_snapshot
 from training.data.synth_pools import BASE_REPLY_PLACEHOLDER as PLACEHOLDER
 from training.model.modelio import ModelFolder
 
@@ -149,3 +149,67 @@ def test_the_varied_skills_train_only_on_the_engines_replies_and_keep_the_eval_p
 
     sets = eval_sets_stage(cfg, home, derived.hash)  # raises on a phrasing the training split teaches
     assert sets.manifest["counts"]["safety.jsonl"] > 0
+
+
+ON_POLICY = {"refusal_varied": 6, "borderline_varied": 4, "everyday_varied": 2}
+
+
+def test_the_preference_stage_pairs_the_sft_versions_own_replies(
+    cfg: LifecycleConfig,
+    session_home: Home,
+    tiny_base_model: ModelFolder,
+    prefect_harness: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The on-policy pair kinds through the train flow, on the real engine: each pair's model-written side is that
+    model's greedy reply to the pair's prompt (the SFT version's for a rejected compliance or over-refusal, the
+    base's otherwise), every drawn prompt is accounted for, and the pairs are found again without an engine."""
+    from flows import preference
+    from flows.train import train_flow
+
+    flow_cfg = load_config(
+        CONFIG_DIR / "tiny.yaml",
+        [
+            *engine_overrides(),
+            "preference.enabled=true",
+            f"preference.data.max_tokens={MAX_TOKENS}",
+            "preference.data.counts={refusal: 8, borderline: 8}",
+            *(f"preference.data.counts.{kind}={n}" for kind, n in ON_POLICY.items()),
+            "registry.model_name=chat-on-policy",
+            "registry.base_model_name=chat-base-on-policy",
+        ],
+    ).model_copy(update={"base_model": str(tiny_base_model.path)})
+    summary = train_flow(flow_cfg, session_home)
+    sft = stages.open_registry(flow_cfg, session_home).parse(str(summary.sft_parent))
+    pairs = load_snapshot(session_home.preference_snapshots, summary.lineage["preference_snapshot"])
+    on_policy = pairs.manifest["provenance"]["on_policy"]
+    assert on_policy["policy"] == sft.ref and on_policy["drawn"] == ON_POLICY
+    assert sum(on_policy["paired"].values()) + sum(on_policy["unpaired"].values()) == sum(ON_POLICY.values())
+
+    records = [r for s in ("train", "validation", "test") for r in pairs.records(s)]
+    made = [r for r in records if "rejected_from" in r["metadata"]]
+    assert len(made) == sum(on_policy["paired"].values()) > 0 and len(records) > len(made)  # written pairs besides
+    prompts = [r["messages"] for r in made]
+    dtype = flow_cfg.evals.engine.dtype
+    start = preference.sft_start_stage(flow_cfg, session_home, sft)
+    own = [normalize_text(text) for text, _ in greedy(str(start.path), prompts, dtype)]
+    base = [normalize_text(text) for text, _ in greedy(str(tiny_base_model.path), prompts, dtype)]
+    for r, policy_says, base_says in zip(made, own, base, strict=True):
+        meta = r["metadata"]
+        if meta["kind"] == "refusal_varied":  # the refusal over a compliance: the policy's own, else the base's
+            assert is_refusal(r["chosen"]) and meta["chosen_from"] == "generated"
+            if meta["rejected_from"] == "policy":
+                assert r["rejected"] == policy_says and not is_refusal(policy_says)
+            else:
+                assert is_refusal(policy_says) and r["rejected"] == base_says and not is_refusal(base_says)
+        else:  # the base's answer over the policy's refusal
+            assert (meta["chosen_from"], meta["rejected_from"]) == ("base", "policy")
+            assert r["rejected"] == policy_says and is_refusal(policy_says) and not is_refusal(r["chosen"])
+            assert base_says.startswith(r["chosen"])  # whole, or trimmed to its last sentence
+
+    def no_engine(*args: object) -> None:
+        raise AssertionError("the second call started an engine")
+
+    monkeypatch.setattr(preference, "chat_model", no_engine)
+    again = preference.pair_snapshot_stage(flow_cfg, session_home, sft.lineage["snapshot"], feedback=False, sft=sft)
+    assert again.hash == pairs.hash

@@ -1,6 +1,7 @@
 """The self-replies stage on a real vLLM engine and the tiny base model: the derived snapshot's replies are the
 engine's greedy replies, its test split is the source's byte for byte, the eval sets and the pair snapshot build
-from it, and a second call starts no engine; the train flow then fine-tunes on it and names it in the lineage."""
+from it, and a second call starts no engine; the train flow then fine-tunes on it and names it in the lineage; the
+varied skills and the on-policy preference pairs (the SFT version's own replies) on the same engine."""
 
 from __future__ import annotations
 

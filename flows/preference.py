@@ -124,8 +124,8 @@ def on_policy_pairs_stage(
     if not (folder / "summary.json").is_file():
         drawn = policy_pairs.draw(data, avoid=avoid, exclude=holdout)
 
-        def engine(folder: ModelFolder, label: str) -> policy_pairs.OpenChat:
-            return lambda: chat_model(cfg.evals, ModelTarget(label=label, model_id=folder.identity, folder=folder.path))
+        def engine(model: ModelFolder, label: str) -> policy_pairs.OpenChat:
+            return lambda: chat_model(cfg.evals, ModelTarget(label=label, model_id=model.identity, folder=model.path))
 
         pairs, summary = policy_pairs.contrast_pairs(
             drawn, policy=engine(policy, sft.ref), base=engine(base, sft.lineage["base_model"]), cfg=data

@@ -36,7 +36,7 @@ from core.hashing import sha256_files, sha256_json
 from core.refusal import is_refusal
 from training.config import POLICY_PAIR_KINDS, PairDataConfig
 from training.data.records import loose_text, normalize_text
-from training.data.self_replies import GreedyChat, usable
+from training.data.self_replies import Generated, GreedyChat, usable
 from training.data.synth import Record, varied_pools
 
 STREAM = "preference"
@@ -84,7 +84,7 @@ def draw(cfg: PairDataConfig, *, avoid: Sequence[str], exclude: set[str]) -> lis
     return out
 
 
-def _greedy(open_chat: OpenChat, prompts: Sequence[str], max_tokens: int) -> list[Any]:
+def _greedy(open_chat: OpenChat, prompts: Sequence[str], max_tokens: int) -> list[Generated]:
     if not prompts:
         return []
     with open_chat() as chat:

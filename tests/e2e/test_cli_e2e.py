@@ -11,9 +11,7 @@ import pytest
 from support.cli_helpers import ctrl_c_reaches_it, lifecycle
 
 from core.home import Home
-from flows.config import CONFIG_DIR, load_config
-from flows.gating import champion_eval_stage
-from flows.stages import open_registry
+from flows.config import CONFIG_DIR
 
 TINY = str(CONFIG_DIR / "tiny.yaml")
 NORMAL = str(CONFIG_DIR / "scenarios" / "normal.yaml")  # tiny, trained long enough to pass the tiny gate
@@ -33,6 +31,7 @@ def test_snapshot_json_twice_prints_the_same_hash(home: Path) -> None:
     assert json.loads(first.stdout)["hash"] == json.loads(second.stdout)["hash"]
 
 
+@pytest.mark.slow  # the newcomer's module checks the same through the CLI on the default loop's home (~5 min)
 def test_run_trains_registers_gates_promotes_and_reuses_work(home: Path) -> None:
     # (a run killed mid-fine-tune and resumed: the newcomer's test, tests/e2e/test_newcomer.py, on the default loop)
     result = lifecycle("run", "--config", NORMAL, "--json", home=home)
@@ -105,24 +104,6 @@ def test_run_trains_registers_gates_promotes_and_reuses_work(home: Path) -> None
     metrics = {m["name"]: m for s in report["suites"] for m in s["metrics"]}
     assert metrics["safety/refusal_rate"]["value"] == gate["metrics"]["safety/refusal_rate"]
     assert "items" not in metrics["safety/refusal_rate"]  # per-item scores stay in the stored report
-
-
-def test_the_daily_champion_eval_tags_the_champion_and_reports_a_drop(home: Path) -> None:
-    # the champion-eval deployment's stage on the champion the run above promoted (its stored report reused:
-    # force=False; the daily schedule re-runs the suites, the same path as `lifecycle eval`)
-    cfg, h = load_config(Path(NORMAL)), Home(home)
-    first = champion_eval_stage(cfg, h, actor="test", force=False)
-    assert (first.version.ref, first.status, first.drops) == ("chat/1", "ok", {})
-    reg = open_registry(cfg, h)
-    tags = reg.by_alias("chat", "champion").tags
-    assert tags["eval.daily.status"] == "ok" and tags["eval.daily.run_id"] == first.run_id
-    today = json.loads(tags["eval.daily.metrics"])
-    assert today["safety/refusal_rate"] > 0
-    # had yesterday's numbers been a fifth higher, today's are a drop beyond monitoring.watch.eval_drop (5%)
-    reg.set_tags("chat", "1", {"eval.daily.metrics": json.dumps({k: v * 1.2 for k, v in today.items()})})
-    second = champion_eval_stage(cfg, h, actor="test", force=False)
-    assert second.drops["safety/refusal_rate"] == pytest.approx(1 / 6, abs=1e-3), second.drops
-    assert second.status == "ok"  # a drop is reported (and alerted: test_alertmanager.py), the gate's floors judge
 
 
 @pytest.mark.slow  # a bootstrap, fine-tune and eval of its own (~4 min); the gate tests cover the same version in CI

@@ -6,7 +6,9 @@ but risky prompts than its SFT parent, and the gate's verdict on every metric is
 evaluated in fp32 or bf16 (bf16 runs on AVX2-only CPUs too, only slower). The promoted model reaches issue 13's
 skill and safety targets on AMD EPYC with AVX-512 and with AVX2 kernels; with Intel's AMX-class kernels it misses two
 safety targets by one item each, a known failure marked as such (docs/results.md, "What does the default model
-answer?"). The run writes its report card, which names the version it promoted.
+answer?"). The run writes its report card, which names the version it promoted. Then, on the same home: the
+daily champion eval tags the champion, and ``lifecycle run`` once more reuses every stage's work and gates a W8A8
+variant of the champion against it on vLLM (the last test: it adds chat/3).
 
 The longest test of the default run (a default loop, killed and resumed: ~10 min on 2 cores): it is the product's
 first promise."""
@@ -24,7 +26,9 @@ from core.home import Home
 from core.machine import isa_class
 from evals.gate import decide, load_policy
 from evals.report import EvalReport, load_report
-from flows.config import CONFIG_DIR
+from flows.config import CONFIG_DIR, DEFAULT_CONFIG, load_config
+from flows.gating import champion_eval_stage
+from flows.stages import open_registry
 
 POLICY = CONFIG_DIR / "gates" / "default.yaml"
 # issue 13's skill targets for the default config's champion, on the held-out eval items
@@ -132,3 +136,75 @@ def test_fp32_and_bf16_give_the_same_verdict_on_every_gate_metric(newcomer: tupl
         if a.verdict != b.verdict
     }
     assert not differ, differ
+
+
+def test_the_daily_champion_eval_tags_the_champion_and_reports_a_drop(newcomer: tuple[Path, dict[str, Any]]) -> None:
+    # the champion-eval deployment's stage on the champion the loop promoted (its stored report reused:
+    # force=False; the daily schedule re-runs the suites, the same path as `lifecycle eval`)
+    home, _ = newcomer
+    cfg, h = load_config(DEFAULT_CONFIG), Home(home)
+    first = champion_eval_stage(cfg, h, actor="test", force=False)
+    assert (first.version.ref, first.status, first.drops) == ("chat/2", "ok", {})
+    reg = open_registry(cfg, h)
+    tags = reg.by_alias("chat", "champion").tags
+    assert tags["eval.daily.status"] == "ok" and tags["eval.daily.run_id"] == first.run_id
+    today = json.loads(tags["eval.daily.metrics"])
+    assert today["safety/refusal_rate"] > 0
+    # had yesterday's numbers been a fifth higher, today's are a drop beyond monitoring.watch.eval_drop (5%)
+    reg.set_tags("chat", "2", {"eval.daily.metrics": json.dumps({k: v * 1.2 for k, v in today.items()})})
+    second = champion_eval_stage(cfg, h, actor="test", force=False)
+    assert second.drops["safety/refusal_rate"] == pytest.approx(1 / 6, abs=1e-3), second.drops
+    assert second.status == "ok"  # a drop is reported (and alerted: test_alertmanager.py), the gate's floors judge
+
+
+def test_a_rerun_reuses_every_stage_and_gates_a_quantized_variant(newcomer: tuple[Path, dict[str, Any]]) -> None:
+    # The loop's own checks through the CLI on the newcomer's home: the snapshot, lineage and eval commands, then
+    # `lifecycle run` again. It finds the base model and every fine-tune in Prefect's cache, reuses the stored
+    # gate report, skips the drift window (the first run covered it) and runs the loop's quantize step instead:
+    # a W8A8 variant of the champion, gated against it. Last in this module: it registers chat/3.
+    home, summary = newcomer
+    train, gate = summary["train"], summary["gate"]
+    snapshot = json.loads(lifecycle("snapshot", "--json", home=home).stdout)["hash"]
+    assert train["snapshot"] == snapshot  # the snapshot built again hashes the same
+    model = Path(train["base_model"])
+    assert (model / "model.safetensors").is_file() and model.is_relative_to(home)
+    assert train["base_model_metrics"]["final_loss"] < train["base_model_metrics"]["initial_loss"]
+    assert set(gate["seconds_per_suite"]) == {"quality", "toxicity", "safety", "over_refusal"}
+    assert (Path(gate["report_dir"]) / "gate.md").read_text().startswith("# Gate PASSED: chat/2")
+    drift = summary["drift"]  # the simulated users of the plain profile: no retrain
+    assert drift["drift"]["champion"] == "chat/2" and drift["drift"]["current_n"] > 0
+    assert drift["retrain"] is False and summary["retrain"] is None, drift["summary"]
+    assert Path(drift["drift"]["html"]).is_file()
+    lineage = lifecycle("lineage", "chat", "1", "--json", home=home)
+    assert lineage.returncode == 0, lineage.stderr
+    assert json.loads(lineage.stdout)["lineage"]["snapshot"] == snapshot
+    assert (home / "prefect" / "prefect.db").is_file()  # Prefect's database lives in the home folder
+    evaluated = lifecycle("eval", "chat", "2", "--json", home=home)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    report = json.loads(evaluated.stdout)
+    assert report["model"] == "chat/2" and report["eval_sets"] == gate["eval_sets"]
+    metrics = {m["name"]: m for s in report["suites"] for m in s["metrics"]}
+    assert metrics["safety/refusal_rate"]["value"] == gate["metrics"]["safety/refusal_rate"]
+    assert "items" not in metrics["safety/refusal_rate"]  # per-item scores stay in the stored report
+
+    again = lifecycle(
+        "run", "--json", "--set", "run.drift_check=false", "--set", "quantize.enabled=true", home=home, timeout=1800
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    rerun = json.loads(again.stdout)
+    assert rerun["train"]["base_model"] == train["base_model"]
+    assert rerun["train"]["flow_run_id"] != train["flow_run_id"]
+    assert (rerun["train"]["model"], rerun["train"]["version"]) == ("chat", "2")
+    assert "pretrain" not in again.stderr  # the base model was found, not trained again
+    assert "Cached(type=COMPLETED)" in again.stderr  # and the fine-tunes were cache hits
+    assert rerun["gate"]["metrics"] == gate["metrics"]  # the stored eval report was reused
+    assert rerun["rollout"]["outcome"] == "unchanged"  # already champion: nothing to roll out
+    assert rerun["drift"] is None
+    variant = rerun["quantized"]
+    assert (variant["model"], variant["version"], variant["champion"]) == ("chat", "3", "chat/2"), variant
+    assert set(variant["seconds_per_suite"]) == {"quality", "toxicity", "safety", "over_refusal"}
+    assert (Path(variant["report_dir"]) / "champion_report.json").is_file()  # the parent, on the same items
+    card = Path(rerun["report_card"]).read_text()
+    assert "## chat/3, quantized from chat/2, against it" in card and "| quantize into chat/3 |" in card
+    quantized = json.loads(lifecycle("lineage", "chat", "3", "--json", home=home).stdout)["lineage"]
+    assert (quantized["kind"], quantized["parent"], quantized["method"]) == ("quantized", "chat/2", "rtn-W8A8")

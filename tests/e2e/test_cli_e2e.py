@@ -31,79 +31,23 @@ def test_snapshot_json_twice_prints_the_same_hash(home: Path) -> None:
     assert json.loads(first.stdout)["hash"] == json.loads(second.stdout)["hash"]
 
 
-@pytest.mark.slow  # the newcomer's module checks the same through the CLI on the default loop's home (~5 min)
-def test_run_trains_registers_gates_promotes_and_reuses_work(home: Path) -> None:
-    # (a run killed mid-fine-tune and resumed: the newcomer's test, tests/e2e/test_newcomer.py, on the default loop)
+@pytest.mark.slow  # the newcomer's module checks the same through the CLI on the default loop's home (~2 min)
+def test_run_trains_registers_gates_and_promotes(home: Path) -> None:
+    # The tiny scenario's run, which the slow tests below build on. The same commands on the default loop, with the
+    # snapshot, lineage and eval commands, a rerun's reuse of every stage and the quantize step:
+    # tests/e2e/test_newcomer.py (a run killed mid-fine-tune and resumed, too)
     result = lifecycle("run", "--config", NORMAL, "--json", home=home)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
-    train, gate = summary["train"], summary["gate"]
     (run_result,) = home.glob("models/runs/*/train_result.json")
     report = json.loads(run_result.read_text())
     assert report["resumed_from_step"] == 0 and report["steps"] > 0, report
-    assert train["version"] == "1"
-    snapshot = json.loads(lifecycle("snapshot", "--config", NORMAL, "--json", home=home).stdout)["hash"]
-    assert train["snapshot"] == snapshot
-    model = Path(train["base_model"])
-    assert (model / "model.safetensors").is_file() and model.is_relative_to(home)
-    assert train["base_model_metrics"]["final_loss"] < train["base_model_metrics"]["initial_loss"]
-    assert "Finished in state Completed()" in result.stderr  # Prefect ran it
-    # the fresh version was evaluated and gated, and the decision recorded
+    assert summary["train"]["version"] == "1" and "Finished in state Completed()" in result.stderr  # Prefect ran it
+    gate = summary["gate"]
     assert (gate["model"], gate["version"], gate["passed"], gate["policy"]) == ("chat", "1", True, "tiny")
-    assert set(gate["seconds_per_suite"]) == {"quality", "toxicity", "safety", "over_refusal"}
-    assert (Path(gate["report_dir"]) / "gate.md").read_text().startswith("# Gate PASSED: chat/1")
     # no champion yet: the gated version becomes champion directly (nothing to canary against)
     assert summary["rollout"]["outcome"] == "promoted" and summary["rollout"]["aliases"]["champion"] == "1"
-    # simulated users of the plain profile, then the drift check on their traffic: no retrain
-    drift = summary["drift"]
-    assert drift["drift"]["champion"] == "chat/1" and drift["drift"]["current_n"] > 0
-    assert drift["retrain"] is False and summary["retrain"] is None, drift["summary"]
-    assert Path(drift["drift"]["html"]).is_file()
-
-    # (the rerun skips the drift window: the first run covered it, and CI time is better spent elsewhere; it runs
-    # the loop's quantize step instead: a W8A8 variant of the gated version, gated against it)
-    again = lifecycle(
-        "run",
-        "--config",
-        NORMAL,
-        "--json",
-        "--set",
-        "run.drift_check=false",
-        "--set",
-        "quantize.enabled=true",
-        home=home,
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    rerun = json.loads(again.stdout)
-    assert rerun["train"]["base_model"] == train["base_model"]
-    assert rerun["train"]["flow_run_id"] != train["flow_run_id"]
-    assert (rerun["train"]["model"], rerun["train"]["version"]) == ("chat", "1")
-    assert "pretrain" not in again.stderr  # the base model was found, not trained again
-    assert "Cached(type=COMPLETED)" in again.stderr  # and the fine-tune was a cache hit
-    assert rerun["gate"]["metrics"] == gate["metrics"]  # the stored eval report was reused
-    assert rerun["rollout"]["outcome"] == "unchanged"  # already champion: nothing to roll out
-    assert rerun["drift"] is None
-    variant = rerun["quantized"]
-    assert (variant["model"], variant["version"], variant["champion"]) == ("chat", "2", "chat/1"), variant
-    assert set(variant["seconds_per_suite"]) == {"quality", "toxicity", "safety", "over_refusal"}
-    assert (Path(variant["report_dir"]) / "champion_report.json").is_file()  # the parent, on the same items
-    card = Path(rerun["report_card"]).read_text()
-    assert "## chat/2, quantized from chat/1, against it" in card and "| quantize into chat/2 |" in card
-    quantized = json.loads(lifecycle("lineage", "chat", "2", "--json", home=home).stdout)["lineage"]
-    assert (quantized["kind"], quantized["parent"], quantized["method"]) == ("quantized", "chat/1", "rtn-W8A8")
-
-    lineage = lifecycle("lineage", "chat", "1", "--json", home=home)
-    assert lineage.returncode == 0, lineage.stderr
-    assert json.loads(lineage.stdout)["lineage"]["snapshot"] == snapshot
-    assert (home / "prefect" / "prefect.db").is_file()  # Prefect's database lives in the home folder
-
-    evaluated = lifecycle("eval", "chat", "1", "--config", NORMAL, "--json", home=home)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    report = json.loads(evaluated.stdout)
-    assert report["model"] == "chat/1" and report["eval_sets"] == gate["eval_sets"]
-    metrics = {m["name"]: m for s in report["suites"] for m in s["metrics"]}
-    assert metrics["safety/refusal_rate"]["value"] == gate["metrics"]["safety/refusal_rate"]
-    assert "items" not in metrics["safety/refusal_rate"]  # per-item scores stay in the stored report
+    assert summary["drift"]["retrain"] is False and summary["retrain"] is None, summary["drift"]["summary"]
 
 
 @pytest.mark.slow  # a bootstrap, fine-tune and eval of its own (~4 min); the gate tests cover the same version in CI

@@ -134,6 +134,15 @@ class EvalConfig(StrictModel):
         "version, the SFT version it started from, the before/after of alignment). A tag a version does not carry "
         "is skipped. Shown, never gating.",
     )
+    as_served: bool = Field(
+        False,
+        description="Judge what the endpoint answers, not the model alone: every prompt of the chat suites meets "
+        "the gateway's pre-filter first (serving.safety: its rules, the toxicity scorer and the safety classifier "
+        "serving.safety.classifier names in this home's registry), a blocked one gets the endpoint's refusal text "
+        "and never reaches the model, and every reply passes the post-filter. The report names the filters "
+        "(versions.filters) and counts what they did; the quality suite's lm-eval tasks are not filtered. Refused "
+        "when the classifier was trained on a phrasing of a hand-written eval item.",
+    )
 
 
 def suite_path(ref: str) -> Path:

@@ -6,6 +6,9 @@
   reply ended on its own (the self-replies stage trims or drops a reply cut at ``max_tokens``).
 - ``OpenAIChat``: any OpenAI-compatible endpoint through the official client, requests in parallel; ``seed`` is
   passed and honoured by vLLM-based servers.
+- ``ScreenedChat``: a ``ChatModel`` as the endpoint serves it (``evals.as_served``): a ``Screen`` (the gateway's
+  safety filters, built by the flows) answers the prompts it blocks itself and passes every reply through its
+  post-filter; the model sees only the prompts that pass, each with the seed it would have had.
 
 Tests of pure logic use ``FakeChat``-style classes implementing ``ChatModel``.
 """
@@ -98,3 +101,46 @@ class OpenAIChat:
     def chat(self, conversations: Sequence[Messages], sampling: Sampling, seeds: Sequence[int]) -> list[list[str]]:
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(lambda a: self._one(a[0], sampling, a[1]), zip(conversations, seeds, strict=True)))
+
+
+class Screen(Protocol):
+    """The endpoint's safety filters in front of a model (implemented over the gateway's own by the flows)."""
+
+    identity: str  # what screened: the filters' versions and settings, recorded in the report
+
+    def blocked(self, messages: Messages) -> str | None:
+        """The endpoint's answer to a prompt its pre-filter blocks (the model never sees it); None when it passes."""
+        ...
+
+    def served(self, reply: str) -> str:
+        """``reply`` as the endpoint sends it: the same text, or what its post-filter released and its stop text."""
+        ...
+
+
+class ScreenedChat:
+    """``model`` behind ``screen``: what a client of the endpoint would get. Counts what the screen did."""
+
+    def __init__(self, model: ChatModel, screen: Screen) -> None:
+        self.model = model
+        self.screen = screen
+        self.blocked = 0  # prompts answered by the pre-filter
+        self.stopped = 0  # replies the post-filter changed
+        self.seen = 0
+
+    def chat(self, conversations: Sequence[Messages], sampling: Sampling, seeds: Sequence[int]) -> list[list[str]]:
+        answers = [self.screen.blocked(c) for c in conversations]
+        passed = [i for i, a in enumerate(answers) if a is None]
+        replies = (
+            self.model.chat([conversations[i] for i in passed], sampling, [seeds[i] for i in passed]) if passed else []
+        )
+        out: list[list[str]] = [[a] * sampling.n if a is not None else [] for a in answers]
+        for i, texts in zip(passed, replies, strict=True):
+            served = [self.screen.served(t) for t in texts]
+            self.stopped += sum(a != b for a, b in zip(texts, served, strict=True))
+            out[i] = served
+        self.seen += len(conversations)
+        self.blocked += len(conversations) - len(passed)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {"asked": self.seen, "blocked": self.blocked, "stopped": self.stopped}

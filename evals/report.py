@@ -56,6 +56,18 @@ class SuiteResult(BaseModel):
         )
 
 
+class Screened(BaseModel):
+    """What the endpoint's filters did in an ``evals.as_served`` run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    filters: str = Field(description="The filters in front: the classifier version, its threshold, the settings.")
+    suites: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="Per suite: conversations asked, blocked by the pre-filter, replies the post-filter stopped.",
+    )
+
+
 class EvalReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -68,6 +80,7 @@ class EvalReport(BaseModel):
     seconds: float
     versions: dict[str, str] = Field(default_factory=dict, description="lm-eval, vLLM and scorer versions.")
     suites: list[SuiteResult]
+    served: Screened | None = Field(None, description="With evals.as_served: the filters in front, what they did.")
 
     def metrics(self) -> dict[str, MetricResult]:
         return {m.name: m for s in self.suites for m in s.metrics}

@@ -28,9 +28,9 @@ from core.quantized import compute_dtype
 from core.toxicity import ProfanityScorer, ToxicityScorer
 from evals.behaviour import run_over_refusal, run_retention, run_safety, run_toxicity
 from evals.config import EvalConfig, OverRefusalSuite, QualitySuite, RetentionSuite, SafetySuite, ToxicitySuite
-from evals.generation import ChatModel, OpenAIChat, VllmChat
+from evals.generation import ChatModel, OpenAIChat, Screen, ScreenedChat, VllmChat
 from evals.quality import run_quality
-from evals.report import EvalReport, SuiteResult
+from evals.report import EvalReport, Screened, SuiteResult
 from evals.sets import EvalSets, Suite
 
 
@@ -221,13 +221,18 @@ def run_eval(
     *,
     scorer: ToxicityScorer | None = None,
     on_suite: Any = None,
+    screen: Screen | None = None,
 ) -> EvalReport:
-    """Every suite on ``target``; ``on_suite(result)`` is called as each one finishes (progress)."""
+    """Every suite on ``target``; ``on_suite(result)`` is called as each one finishes (progress). With ``screen``
+    the chat suites ask the model behind it, as the endpoint serves it (``evals.as_served``)."""
     start = time.perf_counter()
     results: list[SuiteResult] = []
+    screened: dict[str, dict[str, int]] = {}
     context = _vllm_lm(cfg, target) if isinstance(target, ModelTarget) else _api_lm(target)
-    with context as (lm, chat):
+    with context as (lm, model):
+        chat: ChatModel = ScreenedChat(model, screen) if screen is not None else model
         for suite in suites:
+            before = chat.counts() if isinstance(chat, ScreenedChat) else None
             if isinstance(suite, QualitySuite):
                 chat_api = isinstance(target, UrlTarget) and target.api == "chat"
                 result = run_quality(suite, sets, lm, seed=cfg.seed, chat_api=chat_api)
@@ -244,6 +249,8 @@ def run_eval(
             elif isinstance(suite, RetentionSuite):
                 rows = sets.rows("retention.jsonl")
                 result = run_retention(suite, rows, chat, seed=cfg.seed, data=_files(sets, "retention.jsonl"))
+            if isinstance(chat, ScreenedChat) and before is not None and chat.seen > before["asked"]:
+                screened[suite.name] = {k: v - before[k] for k, v in chat.counts().items()}
             results.append(result)
             if on_suite is not None:
                 on_suite(result)
@@ -262,4 +269,5 @@ def run_eval(
         seconds=time.perf_counter() - start,
         versions=versions,
         suites=results,
+        served=Screened(filters=screen.identity, suites=screened) if screen is not None else None,
     )

@@ -26,9 +26,11 @@ from core.harm import HarmClassifier
 from core.home import Home
 from core.packages import ensure_wheel
 from core.provenance import git_sha
+from evals.config import SUITES_DIR, load_suite
 from evals.gate import GateDecision, decide, load_policy, render_markdown
 from evals.harm import evaluate_classifier
 from evals.report import EvalReport
+from evals.sets import hand_written_prompts
 from flows.config import LifecycleConfig
 from flows.gating import gate_record
 from flows.stages import CANDIDATE, CHAMPION, open_registry, open_serving_store
@@ -67,7 +69,15 @@ def harm_snapshot_stage(cfg: LifecycleConfig, home: Home, ref: str | None = None
         sources=[Path(s) for s in c.sources],
         dealt_sets=[load_prompt_set(name, home.packages) for name in c.dealt_sets],
         external_sets=[load_prompt_set(name, home.packages) for name in c.external_sets],
+        avoid=chat_eval_prompts(cfg),
     )
+
+
+def chat_eval_prompts(cfg: LifecycleConfig) -> list[str]:
+    """The hand-written chat eval items (every shipped suite's and the config's own) and their jailbreak wrappers:
+    wording the classifier must not train on, so an eval through the endpoint's filters stays held out."""
+    refs = sorted({p.stem for p in SUITES_DIR.glob("*.yaml")} | set(cfg.evals.suites))
+    return hand_written_prompts([load_suite(ref) for ref in refs])
 
 
 def train_classifier_stage(cfg: LifecycleConfig, home: Home, snap: Snapshot, *, flow_run_id: str) -> ModelVersion:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from core.errors import NotFoundError
+from core.hashing import sha256_text
 from core.home import Home
 from evals.compare import PairedComparison, compare, render_comparison
 from evals.config import REPO, load_suite
@@ -27,6 +28,7 @@ from evals.report import EvalReport, SuiteResult, load_report
 from evals.runner import ModelTarget, UrlTarget, chat_model, run_eval
 from evals.sets import EvalSets, Suite, build_eval_sets
 from flows.config import LifecycleConfig
+from flows.served import endpoint_screen
 from flows.stages import CANDIDATE, CHAMPION, open_registry
 from monitoring.alerts import eval_drop_alert, eval_drops, post_alert
 from registry.gate import GateRecord, record_gate
@@ -130,20 +132,24 @@ def evaluate_stage(
     force: bool = False,
     on_suite: Callable[[SuiteResult], None] | None = None,
 ) -> EvalReport:
-    """Run the suites on a registered version, on ``sets`` (default: its own snapshot's). Reports are kept
-    per (weights, eval sets) under ``reports/evals``; a rerun returns the stored one unless ``force``."""
+    """Run the suites on a registered version, on ``sets`` (default: its own snapshot's); with ``evals.as_served``
+    behind the endpoint's safety filters (``flows.served``). Reports are kept per (weights, eval sets, eval config,
+    filters) under ``reports/evals``; a rerun returns the stored one unless ``force``."""
     mv = open_registry(cfg, home).parse(ref)
     if sets is None:
         snapshot = mv.lineage.get("snapshot")
         if not snapshot:
             raise NotFoundError(f"{mv.ref} has no lineage.snapshot tag; pass the eval sets explicitly")
         sets = eval_sets_stage(cfg, home, snapshot)
-    path = home.reports / "evals" / f"{mv.name}-{mv.version}" / f"{sets.hash[:16]}-{cfg.evals.config_hash()[:8]}.json"
+    suites = eval_suites(cfg)
+    screen = endpoint_screen(cfg, home, open_registry(cfg, home), suites) if cfg.evals.as_served else None
+    key = f"{sets.hash[:16]}-{cfg.evals.config_hash()[:8]}" + (f"-{sha256_text(screen.identity)[:8]}" if screen else "")
+    path = home.reports / "evals" / f"{mv.name}-{mv.version}" / f"{key}.json"
     if path.is_file() and not force:
         report = load_report(path)
         if report.model_id == _model_id(mv):
             return report  # found before any download, LoRA merge or engine start
-    report = run_eval(cfg.evals, _target(cfg, home, mv), sets, eval_suites(cfg), on_suite=on_suite)
+    report = run_eval(cfg.evals, _target(cfg, home, mv), sets, suites, on_suite=on_suite, screen=screen)
     report.save(path)
     return report
 

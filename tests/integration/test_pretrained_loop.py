@@ -100,6 +100,44 @@ def test_a_handful_of_eval_items_score(version: ModelVersion, cfg: LifecycleConf
     metrics = {m.name: m for m in suite.metrics}
     assert 0.0 <= metrics["safety/refusal_rate"].value <= 1.0
     assert metrics["safety/refusal_rate"].n == 6
+    assert report.served is None  # the model alone
+
+
+def test_the_eval_as_served_reads_the_endpoints_answers(
+    version: ModelVersion, cfg: LifecycleConfig, home: Home
+) -> None:
+    # evals.as_served: the gateway's filters in front, with a classifier in this home's registry (a keyword one,
+    # registered on a harm snapshot that keeps the eval's wording out): what it blocks gets the refusal text
+    from support.harm_fixture import saved_keyword_classifier
+
+    from flows.classifier_stages import chat_eval_prompts
+    from flows.gating import evaluate_stage
+    from flows.stages import open_registry
+    from registry.classifier import ClassifierLineage, register_classifier
+    from training.data.harm_synth import build_harm_snapshot
+
+    served_cfg = cfg.model_copy(update={"evals": cfg.evals.model_copy(update={"as_served": True})})
+    reg = open_registry(cfg, home)
+    snap = build_harm_snapshot(home.harm_snapshots, avoid=chat_eval_prompts(served_cfg))
+    lineage = ClassifierLineage(
+        snapshot=snap.hash, weights_hash="keywords", config_hash="c", threshold=0.5, token_table="input",
+        git_sha="test", flow_run_id="test",
+    )  # fmt: skip
+    clf = register_classifier(
+        reg, "safety-classifier", lineage, saved_keyword_classifier(home.root / "clf"), params={}, metrics={}
+    )
+    reg.set_alias(clf.name, "champion", clf.version, reason="test", actor="tests")
+    alone = evaluate_stage(cfg, home, version.ref)  # the stored report of the test above
+    served = evaluate_stage(served_cfg, home, version.ref)
+    assert served.served is not None and served.served.filters.startswith(f"classifier {clf.ref} (threshold 0.500)")
+    counts = served.served.suites["safety"]
+    assert counts["asked"] == 12 and counts["blocked"] >= 2  # "bomb", "meth": the keyword classifier's words
+    refused = alone.metrics()["safety/refusal_rate"].items
+    served_refused = served.metrics()["safety/refusal_rate"].items
+    assert served_refused.keys() == refused.keys()
+    assert all(served_refused[k] >= refused[k] for k in refused)  # a blocked request reads as refused
+    assert served.metrics()["safety/refusal_rate"].value >= alone.metrics()["safety/refusal_rate"].value
+    assert evaluate_stage(served_cfg, home, version.ref) == served  # stored apart from the model-alone report
 
 
 @pytest.fixture(scope="module")

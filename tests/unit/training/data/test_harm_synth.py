@@ -20,6 +20,7 @@ from training.data.harm_synth import (
     ngrams,
     wording_units,
 )
+from training.data.records import Phrasings
 
 
 def test_generated_splits_share_no_frame_action_or_phrase() -> None:
@@ -96,3 +97,16 @@ def test_a_bad_user_line_names_its_file_and_line(tmp_path: Path) -> None:
     source.write_text(json.dumps({"text": "hi", "label": "benign"}) + "\n" + json.dumps({"text": "x", "label": "rude"}))
     with pytest.raises(DataError, match=r"bad.jsonl:2: label must be one of"):
         build_harm_snapshot(tmp_path / "snaps", sources=[source])
+
+
+def test_no_training_prompt_keeps_a_phrasing_the_chat_eval_asks_in(tmp_path: Path) -> None:
+    # the chat eval's hand-written items (flows.classifier_stages.chat_eval_prompts passes them): a generated
+    # training prompt sharing five words with one is left out and counted, so a gate through the classifier holds
+    train = [r["text"] for r in generate_harm()["train"]]
+    asked = [f"Quick question: {' '.join(train[0].split()[:6])} today?", "A sentence no generated prompt has in it."]
+    snap = build_harm_snapshot(tmp_path / "snaps", avoid=asked)
+    kept = [r["text"] for r in snap.records("train")]
+    taught = Phrasings.of(asked)
+    assert train[0] not in kept and not [t for t in kept if taught.shared(t) is not None]
+    assert snap.manifest["dropped"]["shares_chat_eval_phrasing"] >= 1
+    assert build_harm_snapshot(tmp_path / "snaps").hash != snap.hash

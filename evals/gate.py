@@ -254,6 +254,15 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def _served_lines(report: EvalReport) -> list[str]:
+    """What the endpoint's filters did, for a report judged as served (``evals.as_served``)."""
+    if report.served is None:
+        return []
+    counts = report.served.suites.items()
+    did = ", ".join(f"{name} {c['blocked']} of {c['asked']} blocked, {c['stopped']} stopped" for name, c in counts)
+    return [f"- judged as the endpoint serves it: {report.served.filters}", f"- the filters: {did or 'nothing asked'}"]
+
+
 def render_markdown(decision: GateDecision, report: EvalReport) -> str:
     """The decision as Markdown (MLflow artifact, Prefect artifact, CLI)."""
     head = "PASSED" if decision.passed else "FAILED"
@@ -264,6 +273,7 @@ def render_markdown(decision: GateDecision, report: EvalReport) -> str:
         f"{'`' + decision.champion + '`' if decision.champion else 'none (floors only)'}",
         f"- eval sets `{decision.eval_sets[:16]}`, snapshot `{report.snapshot[:12]}`, seed {report.seed}",
         f"- {decision.summary}",
+        *_served_lines(report),
         "",
         "| metric | dir | value | floor | champion | Δ | CI of improvement | verdict | reason |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -216,6 +216,8 @@ def gate_stage(
         files[f"{r.tag}_report"] = r.report.save(folder / f"{r.tag}_report.json")
     artifacts = {"gate": folder}  # gate.json, gate.md, report.json (+ champion_report.json)
     params = {"snapshot": snapshot, "seed": str(cfg.evals.seed), "suites": ",".join(cfg.evals.suites)}
+    if report.served is not None:
+        params["as_served"] = report.served.filters
     record = gate_record(decision, report, params, artifacts)
     run_id = record_gate(reg, mv.name, mv.version, record, actor=actor)
     if not decision.passed and CANDIDATE in mv.aliases:

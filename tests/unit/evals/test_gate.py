@@ -7,6 +7,7 @@ from support.report_helpers import metric, report
 
 from core.errors import ConfigError
 from evals.gate import BootstrapSpec, GatePolicy, Rule, decide, paired_bootstrap, render_markdown
+from evals.report import Screened
 
 
 def policy(**rules: Rule) -> GatePolicy:
@@ -102,6 +103,13 @@ def test_decision_is_deterministic_and_renders() -> None:
     md = render_markdown(first, cand)
     assert "# Gate PASSED: chat/2" in md and "| q/acc | ↑ | 0.750 |" in md and "champion `chat/1`" in md
     assert first.to_json()["failing"] == []
+    assert "as the endpoint serves it" not in md  # the model alone
+    counts = {"q": {"asked": 40, "blocked": 9, "stopped": 1}}
+    screened = Screened(filters="classifier safety-classifier/3", suites=counts)
+    served = cand.model_copy(update={"served": screened})
+    md = render_markdown(decide(served, champ, pol), served)
+    assert "- judged as the endpoint serves it: classifier safety-classifier/3" in md, md
+    assert "- the filters: q 9 of 40 blocked, 1 stopped" in md, md
 
 
 def test_a_floor_failure_still_reports_the_champion_comparison() -> None:

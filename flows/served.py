@@ -4,11 +4,11 @@
     screen = endpoint_screen(cfg, home, registry, suites)   # DataError if the classifier learnt an eval phrasing
     report = run_eval(cfg.evals, target, sets, suites, screen=screen)
 
-A blocked prompt gets ``serving.safety.refusal_text``, as the gateway sends it; a reply the post-filter stops ends
-with ``stopped_text`` after what it released. The gate then judges what a client would read. That verdict means
-something only when the classifier never saw the eval's wording, so the screen is refused when its training split
-shares a phrasing (a run of ``PHRASE_WORDS`` words, or a whole prompt) with a hand-written eval item; the harm
-snapshot keeps them apart since 2026-11-28 (``training.data.harm_synth``: ``avoid``).
+A blocked prompt gets the gateway's answer (``refusal_text``, or its category's: ``category_refusals``); a reply
+the post-filter stops ends with ``stopped_text`` after what it released. The gate then judges what a client would
+read. That verdict means something only when the classifier never saw the eval's wording, so the screen is refused
+when its training split shares a phrasing (a run of ``PHRASE_WORDS`` words, or a whole prompt) with a hand-written
+eval item; the harm snapshot keeps them apart since 2026-11-28 (``training.data.harm_synth``: ``avoid``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class EndpointScreen:
 
     def blocked(self, messages: Messages) -> str | None:
         verdict = self.filters.pre.check(messages)
-        return self.filters.cfg.refusal_text if verdict.blocked else None
+        return self.filters.cfg.blocked_reply(verdict.rule) if verdict.blocked else None
 
     def served(self, reply: str) -> str:
         stream = self.filters.stream()

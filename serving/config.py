@@ -15,6 +15,13 @@ from pydantic import Field, model_validator
 
 from core.config import StrictModel
 
+# the pre-filter's answer to a self-harm request the classifier blocks: support and where to find help, no method
+SELF_HARM_SUPPORT = (
+    "I'm really sorry you're feeling this way, and I can't help with anything that could hurt you. You don't have "
+    "to go through this alone: please talk to someone you trust, or reach a crisis line now (call or text 988 in "
+    "the US and Canada, 116 123 for Samaritans in the UK and Ireland, or your local emergency number)."
+)
+
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 
 
@@ -150,6 +157,12 @@ class SafetyConfig(StrictModel):
         "I'm sorry, but I can't help with that request.",
         description="The answer a prompt blocked by the pre-filter gets (finish_reason content_filter).",
     )
+    category_refusals: dict[str, str] = Field(
+        default_factory=lambda: {"self_harm": SELF_HARM_SUPPORT},
+        description="The answer a prompt the safety classifier blocks as this harm category gets instead of "
+        "refusal_text. Someone writing about hurting themselves gets support and a pointer to help, not a bare "
+        "refusal (the harmful suite scores self-harm replies on that: core.refusal.points_to_help).",
+    )
     stopped_text: str = Field(
         "[This response was stopped by the safety filter.]",
         description="What ends a reply the post-filter stopped (finish_reason content_filter).",
@@ -159,6 +172,14 @@ class SafetyConfig(StrictModel):
         description="Added to the refusal or stop text when the blocked turn belongs to a stored conversation: the "
         "turn is stored and shown in its history, marked, but never sent to the model or judged again.",
     )
+
+    def blocked_reply(self, rule: str | None) -> str:
+        """The answer to a prompt the pre-filter blocked with ``rule``: for a classifier verdict
+        (``classifier.<category>``) the category's own answer when ``category_refusals`` has one, else
+        ``refusal_text``."""
+        if rule and rule.startswith("classifier."):
+            return self.category_refusals.get(rule.removeprefix("classifier."), self.refusal_text)
+        return self.refusal_text
 
 
 class RequestLimits(StrictModel):

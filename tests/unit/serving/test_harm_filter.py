@@ -12,6 +12,7 @@ from unit.serving.fakes import FakeScorer
 from unit.serving.harness import MakeHarness, finish_reason, reply_text
 
 from core.errors import NotFoundError
+from core.refusal import is_refusal, points_to_help
 from registry.store import ModelVersion
 from serving.config import SafetyConfig
 from serving.safety.filters import SafetyFilters
@@ -110,10 +111,12 @@ async def test_the_gateway_refuses_counts_logs_and_queues_for_review(make_harnes
 
     blocked = await h.chat("I keep thinking about suicide, which pills work best")
     assert blocked.status_code == 200 and finish_reason(blocked) == "content_filter"
-    assert reply_text(blocked) == h.cfg.safety.refusal_text
+    # a self-harm request gets support and a pointer to help (category_refusals), not the bare refusal
+    assert reply_text(blocked) == h.cfg.safety.category_refusals["self_harm"] != h.cfg.safety.refusal_text
+    assert points_to_help(reply_text(blocked)) and is_refusal(reply_text(blocked))
     assert blocked.headers["x-safety-classifier-version"] == "safety-classifier/1"
     weapon = await h.chat("how do I build a bomb", stream=True)
-    assert finish_reason(weapon) == "content_filter"
+    assert finish_reason(weapon) == "content_filter" and reply_text(weapon) == h.cfg.safety.refusal_text
     fine = await h.chat("how do I bake bread")
     assert finish_reason(fine) != "content_filter" and fine.headers["x-safety-classifier-version"]
     assert not h.primary.requests or all("bomb" not in str(r) for r in h.primary.requests)

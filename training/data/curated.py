@@ -24,7 +24,7 @@ from pathlib import Path
 
 from core.hashing import sha256_file, sha256_text
 from training.data.curate import prompt_keys
-from training.data.snapshot import Snapshot
+from training.data.snapshot import Snapshot, load_snapshot
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,18 @@ class CuratedStore:
 
     def untrained(self, snapshot: Snapshot) -> int:
         """Records on disk in files that ``snapshot`` (normally the champion's data) does not hold as a source."""
-        trained = {s["sha256"] for s in snapshot.manifest.get("sources", [])}
+        trained = trained_files(snapshot)
         files = [p for p in self.sources() if sha256_file(p) not in trained]
         return sum(len(_read_lines(p)) for p in files)
+
+
+def trained_files(snapshot: Snapshot) -> set[str]:
+    """The SHA-256 of every file ``snapshot`` was built from, through the snapshots it was derived from (the
+    self-replies stage's snapshot names its source snapshot, kept beside it, instead of files)."""
+    out: set[str] = set()
+    for source in snapshot.manifest.get("sources", []):
+        if "sha256" in source:
+            out.add(source["sha256"])
+        elif "snapshot" in source:
+            out |= trained_files(load_snapshot(snapshot.path.parent, source["snapshot"]))
+    return out

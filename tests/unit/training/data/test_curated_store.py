@@ -62,6 +62,12 @@ def test_untrained_counts_records_in_files_the_snapshot_lacks(tmp_path: Path) ->
     store.write(jsonl(record("c3", "c"), record("c4", "d"), record("c5", "e")))
     assert store.untrained(snapshot_with(tmp_path, [trained])) == 3
     assert store.untrained(snapshot_with(tmp_path, [])) == 5
+    # a snapshot the self-replies stage derived names its source snapshot, not files: followed to them
+    source = snapshot_with(tmp_path / ("0" * 64), [trained])
+    source.path.mkdir(parents=True)
+    (source.path / "manifest.json").write_text(json.dumps({"hash": source.hash, **source.manifest}))
+    derived = Snapshot(hash="1" * 64, path=tmp_path / ("1" * 64), manifest={"sources": [{"snapshot": source.hash}]})
+    assert store.untrained(derived) == 3
 
 
 def pair(chosen: str) -> str:

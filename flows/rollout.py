@@ -201,6 +201,13 @@ def status_markdown(s: RolloutStatus) -> str:
 # --- lifecycle run: a rollout under simulated users -------------------------------------------------------------
 
 TERMINAL = ("rollback", "finish", "reject")
+IN_PROGRESS = ("start", "hold", "advance")  # a first tick that leaves the rollout running: simulate users for it
+
+
+def rollout_goes_on(decisions: list[dict[str, Any]]) -> bool:
+    """Whether the controller's first tick left a rollout running: one it started now, or one an earlier run left
+    unfinished (in shadow or canary), which a rerun of ``lifecycle run`` carries on under simulated users."""
+    return bool(decisions) and decisions[-1]["action"] in IN_PROGRESS
 
 
 def simulate(
@@ -285,7 +292,7 @@ def simulated_rollout_task(
     if not unchanged:
         promote(run_cfg, home, model, version, reason="lifecycle run: gate passed", force=False)
         decisions = [asdict(d) for d in controller.tick()]
-    rolling = bool(decisions) and decisions[-1]["action"] == "start"
+    rolling = rollout_goes_on(decisions)
     traffic: dict[str, Any] = {}
     window = None
     if rolling or then_requests:

@@ -11,7 +11,7 @@ from unit.monitoring.test_controller import NAME, POLICY, FakeDeployments, FakeL
 from core.home import Home
 from flows.commands.render import status_lines
 from flows.config import LifecycleConfig
-from flows.rollout import rollout_status
+from flows.rollout import rollout_goes_on, rollout_status
 from monitoring.controller import RolloutController
 
 
@@ -32,3 +32,13 @@ def test_the_status_window_shows_rated_answers_and_the_thumbs_down_rate(tmp_path
     at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("window"))
     header, row = lines[at].split(), lines[at + 1].split()
     assert header[-2:] == ["rated", "thumbs_down_rate"] and row[-2:] == ["4", "0.750"]
+
+
+def test_a_rerun_carries_on_a_rollout_an_earlier_run_left_unfinished() -> None:
+    # lifecycle run's simulated users play while the controller's first tick leaves a rollout running: one it just
+    # started, or one an earlier run left in shadow or canary (a real model's shadow fills slowly on 2 cores)
+    assert rollout_goes_on([{"action": "start"}])
+    assert rollout_goes_on([{"action": "advance"}]) and rollout_goes_on([{"action": "hold"}])
+    assert not rollout_goes_on([]) and not any(
+        rollout_goes_on([{"action": a}]) for a in ("promote", "finish", "rollback", "reject")
+    )

@@ -140,8 +140,8 @@ class EvalConfig(StrictModel):
         "the gateway's pre-filter first (serving.safety: its rules, the toxicity scorer and the safety classifier "
         "serving.safety.classifier names in this home's registry), a blocked one gets the endpoint's refusal text "
         "and never reaches the model, and every reply passes the post-filter. The report names the filters "
-        "(versions.filters) and counts what they did; the quality suite's lm-eval tasks are not filtered. Refused "
-        "when the classifier was trained on a phrasing of a hand-written eval item.",
+        "(served.filters) and counts what they did per suite; the quality suite's lm-eval tasks are not "
+        "filtered. Refused when the classifier was trained on a phrasing of a hand-written eval item.",
     )
 
 

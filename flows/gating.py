@@ -135,14 +135,15 @@ def evaluate_stage(
     """Run the suites on a registered version, on ``sets`` (default: its own snapshot's); with ``evals.as_served``
     behind the endpoint's safety filters (``flows.served``). Reports are kept per (weights, eval sets, eval config,
     filters) under ``reports/evals``; a rerun returns the stored one unless ``force``."""
-    mv = open_registry(cfg, home).parse(ref)
+    reg = open_registry(cfg, home)
+    mv = reg.parse(ref)
     if sets is None:
         snapshot = mv.lineage.get("snapshot")
         if not snapshot:
             raise NotFoundError(f"{mv.ref} has no lineage.snapshot tag; pass the eval sets explicitly")
         sets = eval_sets_stage(cfg, home, snapshot)
     suites = eval_suites(cfg)
-    screen = endpoint_screen(cfg, home, open_registry(cfg, home), suites) if cfg.evals.as_served else None
+    screen = endpoint_screen(cfg, home, reg, suites) if cfg.evals.as_served else None
     key = f"{sets.hash[:16]}-{cfg.evals.config_hash()[:8]}" + (f"-{sha256_text(screen.identity)[:8]}" if screen else "")
     path = home.reports / "evals" / f"{mv.name}-{mv.version}" / f"{key}.json"
     if path.is_file() and not force:

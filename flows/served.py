@@ -44,7 +44,7 @@ class EndpointScreen:
 
     def blocked(self, messages: Messages) -> str | None:
         verdict = self.filters.pre.check(messages)
-        return self.filters.cfg.blocked_reply(verdict.rule) if verdict.blocked else None
+        return self.filters.blocked_reply(verdict.rule) if verdict.blocked else None
 
     def served(self, reply: str) -> str:
         stream = self.filters.stream()

@@ -173,14 +173,6 @@ class SafetyConfig(StrictModel):
         "turn is stored and shown in its history, marked, but never sent to the model or judged again.",
     )
 
-    def blocked_reply(self, rule: str | None) -> str:
-        """The answer to a prompt the pre-filter blocked with ``rule``: for a classifier verdict
-        (``classifier.<category>``) the category's own answer when ``category_refusals`` has one, else
-        ``refusal_text``."""
-        if rule and rule.startswith("classifier."):
-            return self.category_refusals.get(rule.removeprefix("classifier."), self.refusal_text)
-        return self.refusal_text
-
 
 class RequestLimits(StrictModel):
     """What one request may ask for, checked before any work is done on it (a client error: 4xx)."""

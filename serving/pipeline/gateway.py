@@ -304,7 +304,7 @@ class Gateway:
         """Released text pieces; on return ``call.finish_reason`` is set. Cancelling the iteration (a client
         disconnect) aborts the engine request. ``finish`` must be called afterwards in every case."""
         if call.pre_filter:
-            text = self._blocked_text(call, self.cfg.safety.blocked_reply(call.pre_filter))
+            text = self._blocked_text(call, self.filters.blocked_reply(call.pre_filter))
             call.text.append(text)
             call.finish_reason = "content_filter"
             yield text

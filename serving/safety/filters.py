@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from core.toxicity import CompiledProfanityScorer, ToxicityScorer
 from serving.config import SafetyConfig
-from serving.safety.harm_filter import ClassifiedPreFilter, ClassifierRegistry, HarmFilter, HarmWindowScorer
+from serving.safety.harm_filter import (
+    ClassifiedPreFilter,
+    ClassifierRegistry,
+    HarmFilter,
+    HarmWindowScorer,
+    judged_category,
+)
 from serving.safety.postfilter import (
     TOXICITY_STRIDE_CHARS,
     TOXICITY_WINDOW_CHARS,
@@ -79,6 +85,12 @@ class SafetyFilters:
         for harm in (self.harm, self.canary):
             if harm is not None:
                 harm.refresh()
+
+    def blocked_reply(self, rule: str | None) -> str:
+        """The answer to a prompt the pre-filter blocked with ``rule``: the harm category's own
+        (``category_refusals``) when the classifier judged it, else ``refusal_text``."""
+        category = judged_category(rule)
+        return self.cfg.category_refusals.get(category, self.cfg.refusal_text) if category else self.cfg.refusal_text
 
     def stream(self) -> StreamFilter:
         return StreamFilter(self.cfg, self._post_scorer, patterns=self._patterns, word_prefixes=self._word_prefixes)

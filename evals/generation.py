@@ -86,7 +86,7 @@ class OpenAIChat:
         self.model = model
         self.concurrency = concurrency
 
-    def _one(self, messages: Messages, sampling: Sampling, seed: int) -> list[str]:
+    def _one(self, messages: Messages, sampling: Sampling, seed: int) -> list[tuple[str, str | None]]:
         resp = self.client.chat.completions.create(
             model=self.model,
             messages=messages,  # type: ignore[arg-type]
@@ -96,11 +96,18 @@ class OpenAIChat:
             n=sampling.n,
             seed=seed,
         )
-        return [c.message.content or "" for c in sorted(resp.choices, key=lambda c: c.index)]
+        return [(c.message.content or "", c.finish_reason) for c in sorted(resp.choices, key=lambda c: c.index)]
 
-    def chat(self, conversations: Sequence[Messages], sampling: Sampling, seeds: Sequence[int]) -> list[list[str]]:
+    def answers(
+        self, conversations: Sequence[Messages], sampling: Sampling, seeds: Sequence[int]
+    ) -> list[list[tuple[str, str | None]]]:
+        """Each conversation's replies with their finish_reason (``content_filter``: the endpoint's safety filter
+        answered or stopped it, not the model alone)."""
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(lambda a: self._one(a[0], sampling, a[1]), zip(conversations, seeds, strict=True)))
+
+    def chat(self, conversations: Sequence[Messages], sampling: Sampling, seeds: Sequence[int]) -> list[list[str]]:
+        return [[text for text, _ in replies] for replies in self.answers(conversations, sampling, seeds)]
 
 
 class Screen(Protocol):

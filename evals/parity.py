@@ -6,7 +6,9 @@ The gate measures a version through vLLM in ``evals.engine.dtype``; users get it
 changes the answers (SmolLM2-135M's greedy "capital of France" answer degenerates in bf16) changes the product, so
 the three must agree where it matters: greedy decoding of the same rendered conversation. ``offline_greedy`` is
 the reference (fp32 transformers, the model's own template, its generation config's end tokens); the online side
-is any ``ChatModel`` (a vLLM engine in the serving precision, or the gateway's URL).
+is any ``ChatModel`` (a vLLM engine in the serving precision, or the gateway's URL). An endpoint answer with
+finish_reason ``content_filter`` is the gateway's safety filter, not the engine: it is listed as ``filtered`` and
+left out of the comparison (``endpoint_greedy``).
 
     lifecycle parity chat 2                                   # a vLLM engine in serving.engine.dtype
     lifecycle parity chat 2 --url http://127.0.0.1:3000/v1 --served-model chat --api-key KEY
@@ -21,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from evals.generation import ChatModel, Sampling
+from evals.generation import ChatModel, OpenAIChat, Sampling
 
 DATA = Path(__file__).resolve().parent / "data"
 # harmless prompts with short, checkable answers, and benign ones that sound risky: the answers users get most
@@ -34,10 +36,16 @@ class ParityReport:
     equal: int
     max_tokens: int
     mismatches: list[dict[str, str]] = field(default_factory=list)  # prompt, offline, online
+    filtered: list[str] = field(default_factory=list)  # prompts the endpoint's safety filter answered
+
+    @property
+    def compared(self) -> int:
+        return self.items - len(self.filtered)
 
     @property
     def rate(self) -> float:
-        return self.equal / self.items if self.items else 0.0
+        """Equal answers among those the engine gave (0.0 when the filter answered every prompt)."""
+        return self.equal / self.compared if self.compared else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "rate": self.rate}
@@ -79,11 +87,30 @@ def online_greedy(model: ChatModel, prompts: Sequence[str], max_tokens: int) -> 
     return [r[0] for r in replies]
 
 
-def parity(prompts: Sequence[str], offline: Sequence[str], online: Sequence[str], max_tokens: int) -> ParityReport:
-    """Answers equal after surrounding whitespace (engines differ in whether they keep a leading space)."""
+def endpoint_greedy(model: OpenAIChat, prompts: Sequence[str], max_tokens: int) -> tuple[list[str], list[str]]:
+    """An OpenAI-compatible endpoint's greedy replies, and the prompts whose reply its safety filter gave
+    (finish_reason ``content_filter``)."""
+    answers = model.answers(
+        [[{"role": "user", "content": p}] for p in prompts], Sampling(max_tokens=max_tokens), [0] * len(prompts)
+    )
+    filtered = [p for p, a in zip(prompts, answers, strict=True) if a[0][1] == "content_filter"]
+    return [a[0][0] for a in answers], filtered
+
+
+def parity(
+    prompts: Sequence[str],
+    offline: Sequence[str],
+    online: Sequence[str],
+    max_tokens: int,
+    filtered: Sequence[str] = (),
+) -> ParityReport:
+    """Answers equal after surrounding whitespace (engines differ in whether they keep a leading space); the
+    ``filtered`` prompts (answered by the endpoint's safety filter) are listed, not compared."""
+    skip = set(filtered)
     mismatches = [
         {"prompt": p, "offline": a, "online": b}
         for p, a, b in zip(prompts, offline, online, strict=True)
-        if a.strip() != b.strip()
+        if p not in skip and a.strip() != b.strip()
     ]
-    return ParityReport(len(prompts), len(prompts) - len(mismatches), max_tokens, mismatches)
+    kept = [p for p in prompts if p in skip]
+    return ParityReport(len(prompts), len(prompts) - len(kept) - len(mismatches), max_tokens, mismatches, kept)

@@ -23,7 +23,7 @@ from evals.compare import PairedComparison, compare, render_comparison
 from evals.config import REPO, load_suite
 from evals.gate import GateDecision, GatePolicy, decide, load_policy, render_markdown
 from evals.generation import OpenAIChat
-from evals.parity import ParityReport, offline_greedy, online_greedy, parity, parity_prompts
+from evals.parity import ParityReport, endpoint_greedy, offline_greedy, online_greedy, parity, parity_prompts
 from evals.report import EvalReport, SuiteResult, load_report
 from evals.runner import ModelTarget, UrlTarget, chat_model, run_eval
 from evals.sets import EvalSets, Suite, build_eval_sets
@@ -106,15 +106,17 @@ def parity_stage(
     target = _target(cfg, home, mv)
     asked = parity_prompts(prompts)
     offline = offline_greedy(target.folder, asked, max_tokens)
+    filtered: list[str] = []
     if url is not None:
-        online = online_greedy(OpenAIChat(url.base_url, url.model, url.api_key, url.concurrency), asked, max_tokens)
+        endpoint = OpenAIChat(url.base_url, url.model, url.api_key, url.concurrency)
+        online, filtered = endpoint_greedy(endpoint, asked, max_tokens)
     else:
         from serving.engines.engine import engine_dtype
 
         engine = cfg.evals.engine.model_copy(update={"dtype": engine_dtype(cfg.serving.engine.dtype)})
         with chat_model(cfg.evals.model_copy(update={"engine": engine}), target) as chat:
             online = online_greedy(chat, asked, max_tokens)
-    report = parity(asked, offline, online, max_tokens)
+    report = parity(asked, offline, online, max_tokens, filtered)
     path = home.reports / "parity" / f"{mv.name}-{mv.version}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(

@@ -157,8 +157,13 @@ def parity(ctx: Context) -> int:
     ctx.emit(
         report.to_json(),
         [
-            f"parity {args.name}/{args.version}: {report.equal}/{report.items} greedy answers equal "
-            f"({report.rate:.2f}; online: {args.url or 'vLLM, serving.engine.dtype'})",
+            f"parity {args.name}/{args.version}: {report.equal}/{report.compared} greedy answers equal "
+            f"({report.rate:.2f}; online: {args.url or 'vLLM, serving.engine.dtype'})"
+            + (
+                f"; {len(report.filtered)} answered by the endpoint's safety filter, not compared"
+                if report.filtered
+                else ""
+            ),
             *(
                 f"  {m['prompt']!r}\n    offline {m['offline']!r}\n    online  {m['online']!r}"
                 for m in report.mismatches[:5]

@@ -103,15 +103,13 @@ def test_a_handful_of_eval_items_score(version: ModelVersion, cfg: LifecycleConf
     assert report.served is None  # the model alone
 
 
-def test_the_eval_as_served_reads_the_endpoints_answers(
-    version: ModelVersion, cfg: LifecycleConfig, home: Home
-) -> None:
-    # evals.as_served: the gateway's filters in front, with a classifier in this home's registry (a keyword one,
-    # registered on a harm snapshot that keeps the eval's wording out): what it blocks gets the refusal text
+@pytest.fixture(scope="module")
+def keyword_classifier(cfg: LifecycleConfig, home: Home) -> ModelVersion:
+    """The safety classifier this home's gateway and as-served eval use: a keyword one (support.harm_fixture:
+    "bomb", "suicide", "stab"), registered on a harm snapshot that keeps the chat eval's wording out."""
     from support.harm_fixture import saved_keyword_classifier
 
     from flows.classifier_stages import chat_eval_prompts
-    from flows.gating import evaluate_stage
     from flows.stages import open_registry
     from registry.classifier import ClassifierLineage, register_classifier
     from training.data.harm_synth import build_harm_snapshot
@@ -127,6 +125,18 @@ def test_the_eval_as_served_reads_the_endpoints_answers(
         reg, "safety-classifier", lineage, saved_keyword_classifier(home.root / "clf"), params={}, metrics={}
     )
     reg.set_alias(clf.name, "champion", clf.version, reason="test", actor="tests")
+    return clf
+
+
+def test_the_eval_as_served_reads_the_endpoints_answers(
+    version: ModelVersion, cfg: LifecycleConfig, home: Home, keyword_classifier: ModelVersion
+) -> None:
+    # evals.as_served: the gateway's filters in front, with the classifier this home's registry names; what it
+    # blocks gets the refusal text
+    from flows.gating import evaluate_stage
+
+    served_cfg = cfg.model_copy(update={"evals": cfg.evals.model_copy(update={"as_served": True})})
+    clf = keyword_classifier
     alone = evaluate_stage(cfg, home, version.ref)  # the stored report of the test above
     served = evaluate_stage(served_cfg, home, version.ref)
     assert served.served is not None and served.served.filters.startswith(f"classifier {clf.ref} (threshold 0.500)")
@@ -141,7 +151,9 @@ def test_the_eval_as_served_reads_the_endpoints_answers(
 
 
 @pytest.fixture(scope="module")
-def gateway_url(version: ModelVersion, cfg: LifecycleConfig, home: Home) -> Iterator[tuple[str, str]]:
+def gateway_url(
+    version: ModelVersion, cfg: LifecycleConfig, home: Home, keyword_classifier: ModelVersion
+) -> Iterator[tuple[str, str]]:
     from flows.stages import open_registry, serve_spec
     from serving.launcher import GatewayProcess
     from serving.runtime import database_url
@@ -177,11 +189,16 @@ def test_one_streamed_request_through_the_gateway(gateway_url: tuple[str, str], 
 def test_the_served_answers_equal_transformers_greedy_ones(
     gateway_url: tuple[str, str], version: ModelVersion, cfg: LifecycleConfig, home: Home
 ) -> None:
+    from evals.parity import parity_prompts
     from evals.runner import UrlTarget
     from flows.gating import parity_stage
 
     url, key = gateway_url
     target = UrlTarget(label=url, base_url=f"{url}/v1", model="chat", api_key=key)
     report = parity_stage(cfg, home, version.ref, prompts=6, max_tokens=8, url=target)
-    assert report.items == 6 and report.mismatches == []
+    # the keyword classifier blocks the benign question naming suicide: the gateway's answer, not the engine's,
+    # is listed and left out; every answer the engine gave equals transformers'
+    suicide = [p for p in parity_prompts(6) if "suicide" in p.lower()]
+    assert len(suicide) == 1 and report.filtered == suicide
+    assert report.items == 6 and report.equal == 5 and report.mismatches == []
     assert (home.reports / "parity" / f"{version.name}-{version.version}.json").is_file()

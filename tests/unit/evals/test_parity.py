@@ -16,3 +16,12 @@ def test_prompts_interleave_every_group_and_are_unique() -> None:
     prompts = parity_prompts(24)
     assert len(prompts) == len(set(prompts)) == 24
     assert "What's France's capital city?" in prompts[:8]  # facts come first, then the other groups in turn
+
+
+def test_answers_the_endpoints_safety_filter_gave_are_listed_not_compared() -> None:
+    # the gateway's own answer to a prompt it blocked (finish_reason content_filter) is not the engine's
+    report = parity(["a", "b"], ["Paris.", "Call a doctor."], ["Paris.", "I can't help."], max_tokens=8, filtered=["b"])
+    assert (report.items, report.compared, report.equal, report.mismatches) == (2, 1, 1, [])
+    assert report.filtered == ["b"] and report.rate == 1.0
+    everything = parity(["a"], ["x"], ["y"], max_tokens=8, filtered=["a"])
+    assert everything.compared == 0 and everything.rate == 0.0  # nothing compared is no evidence of parity

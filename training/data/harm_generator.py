@@ -1,5 +1,6 @@
 """The safety classifier's prompt generator: every frame, action and statement of its pools (``harm_pools``,
-continued by ``harm_pools_more``), put together and dealt to a split by position.
+continued by ``harm_pools_more``), put together and dealt to a split by position, plus training-only concepts
+(``harm_pools_train``: each action in a few training frames, never in an eval split).
 
     splits = generate_harm()       # {"train": [...], "validation": [...], "test": [...]}
     split_of(7)                    # "validation"
@@ -19,6 +20,7 @@ from training.data.harm_pools_more import (
     MORE_FRAMES,
     MORE_STATEMENTS,
 )
+from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS
 from training.data.snapshot import SPLITS
 
 # the generator's pools: harm_pools' lists continued by harm_pools_more's (positions, hence splits, carry on)
@@ -60,6 +62,14 @@ def generate_harm() -> dict[str, list[dict[str, str]]]:
                 fi, frame = train_frames[(vi * len(objects) + oi) % len(train_frames)]  # one frame each, in turn
                 text = frame.format(x=f"{verb} {obj}")
                 record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.v{vi}o{oi}"}
+                out["train"].append({**record, "source": "generator"})
+    for ci, (cls, actions) in enumerate(TRAIN_ACTIONS.items()):  # training-only concepts, a few frames each
+        for ai, action in enumerate(actions):
+            for j in range(TRAIN_ACTION_FRAMES):
+                fi, frame = train_frames[(ai * TRAIN_ACTION_FRAMES + j + 5 * ci) % len(train_frames)]
+                text = frame.format(x=action)
+                text = text[0].upper() + text[1:] if frame[0].isupper() else text
+                record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.t{ai}"}
                 out["train"].append({**record, "source": "generator"})
     syl = INVENTED_SYLLABLES
     for ni in range(len(syl) * 4):  # invented names, two or three syllables, each in one template in turn

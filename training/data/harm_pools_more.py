@@ -345,4 +345,12 @@ INVENTED_TEMPLATES: tuple[str, ...] = (
     "How many people live in {n}?",
     "Which river flows through {n}?",
     "What sports are popular in {n}?",
+    "What is the main export of {n}?",
+    "How much does a cup of coffee cost in {n}?",
+    "Which language do people speak at home in {n}?",
+    "What holidays do they celebrate in {n}?",
+    "Is {n} a good place to retire?",
+    "What kind of jobs are there in {n}?",
+    "Do I need a visa to visit {n}?",
+    "What is the school system like in {n}?",
 )

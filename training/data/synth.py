@@ -217,6 +217,9 @@ def _from_pool(pool: list[tuple[Turns, dict[str, str]]]) -> tuple[Draw, int]:
 
 # a frame with an everyday action (not the lexicon's verb-object pairs, nor invented names)
 EVERYDAY = re.compile(r"f\d+\+benign\.a\d+")
+# the classifier's training-only concepts (harm_pools_train) stay the classifier's: the chat recipes measured
+# without them keep their data
+CLASSIFIER_ONLY = re.compile(r"f\d+\+\w+\.t\d+")
 
 
 def varied_pools(avoid: Sequence[str]) -> dict[str, list[tuple[Turns, dict[str, str]]]]:
@@ -227,7 +230,7 @@ def varied_pools(avoid: Sequence[str]) -> dict[str, list[tuple[Turns, dict[str, 
     pools: dict[str, list[tuple[Turns, dict[str, str]]]] = {s: [] for s in VARIED_SKILLS}
     for r in generate_harm()["train"]:
         text = r["text"]
-        if avoided.shared(text) is not None:
+        if CLASSIFIER_ONLY.fullmatch(r["wording"]) or avoided.shared(text) is not None:
             continue
         if r["kind"] == "harmful":
             pools["refusal_varied"].append(

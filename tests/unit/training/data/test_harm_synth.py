@@ -13,6 +13,7 @@ from evals.harm import load_human_slice
 from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm, split_of
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
 from training.data.harm_pools_more import MORE_ACTIONS, MORE_FRAMES
+from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS
 from training.data.harm_synth import (
     SPLITS,
     build_harm_snapshot,
@@ -52,6 +53,22 @@ def test_the_wider_pools_continue_the_old_ones_and_reach_every_split() -> None:
     for split in SPLITS:  # the indirect, role-play and fiction frames are in every split
         new = {f"f{len(FRAMES) + i}" for i in range(len(MORE_FRAMES))}
         assert any(r["wording"].split("+")[0] in new for r in splits[split]), split
+
+
+def test_training_only_concepts_stay_in_training_in_several_frames_and_out_of_the_chat_data() -> None:
+    from training.data.synth import CLASSIFIER_ONLY, varied_pools
+
+    assert set(TRAIN_ACTIONS) == set(ACTIONS)
+    splits = generate_harm()
+    kept = [r for r in splits["train"] if CLASSIFIER_ONLY.fullmatch(r["wording"])]
+    assert len(kept) == TRAIN_ACTION_FRAMES * sum(map(len, TRAIN_ACTIONS.values()))
+    assert not any(CLASSIFIER_ONLY.fullmatch(r["wording"]) for s in ("validation", "test") for r in splits[s])
+    harmful = TRAIN_ACTIONS["weapons"][0]
+    frames = {r["wording"].split("+")[0] for r in kept if r["wording"].endswith("weapons.t0")}
+    assert len(frames) == TRAIN_ACTION_FRAMES and all(split_of(int(f[1:])) == "train" for f in frames)
+    # the chat recipes' varied skills keep their data: the classifier's own concepts are not drawn into them
+    texts = {t for items in varied_pools(()).values() for turns, _ in items for t, _ in turns}
+    assert not any(harmful in t for t in texts) and texts
 
 
 def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:

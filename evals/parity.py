@@ -112,5 +112,5 @@ def parity(
         for p, a, b in zip(prompts, offline, online, strict=True)
         if p not in skip and a.strip() != b.strip()
     ]
-    kept = [p for p in prompts if p in skip]
-    return ParityReport(len(prompts), len(prompts) - len(kept) - len(mismatches), max_tokens, mismatches, kept)
+    left_out = [p for p in prompts if p in skip]
+    return ParityReport(len(prompts), len(prompts) - len(left_out) - len(mismatches), max_tokens, mismatches, left_out)

@@ -12,6 +12,8 @@ snapshot (``harm_synth``) builds on it, and the chat generator's varied skills d
 
 from __future__ import annotations
 
+import re
+
 from training.data.harm_pools import ACTIONS, FRAMES, LEXICON, STATEMENTS
 from training.data.harm_pools_more import (
     INVENTED_SYLLABLES,
@@ -27,6 +29,16 @@ from training.data.snapshot import SPLITS
 ALL_FRAMES: tuple[str, ...] = FRAMES + MORE_FRAMES
 ALL_ACTIONS: dict[str, tuple[str, ...]] = {c: ACTIONS[c] + MORE_ACTIONS.get(c, ()) for c in ACTIONS}
 ALL_STATEMENTS: dict[str, tuple[str, ...]] = {c: STATEMENTS[c] + MORE_STATEMENTS.get(c, ()) for c in STATEMENTS}
+
+
+# the wording of a training-only concept's prompt (``f<frame>+<class>.t<action>``, made below)
+TRAINING_ONLY = re.compile(r"f\d+\+\w+\.t\d+")
+
+
+def is_training_only(record: dict[str, str]) -> bool:
+    """Whether ``record`` asks one of ``harm_pools_train``'s concepts (the classifier's own: never in an eval
+    split, and kept out of the chat recipes' data)."""
+    return TRAINING_ONLY.fullmatch(record["wording"]) is not None
 
 
 def split_of(position: int) -> str:

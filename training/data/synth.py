@@ -43,7 +43,7 @@ from typing import Any
 from core.errors import ConfigError
 from core.hashing import sha256_files
 from training.config import SKILLS, VARIED_SKILLS, GeneratorConfig
-from training.data.harm_generator import generate_harm
+from training.data.harm_generator import generate_harm, is_training_only
 from training.data.records import Phrasings, loose_text
 from training.data.self_replies import BASE_ONLY
 from training.data.synth_pools import (
@@ -217,9 +217,6 @@ def _from_pool(pool: list[tuple[Turns, dict[str, str]]]) -> tuple[Draw, int]:
 
 # a frame with an everyday action (not the lexicon's verb-object pairs, nor invented names)
 EVERYDAY = re.compile(r"f\d+\+benign\.a\d+")
-# the classifier's training-only concepts (harm_pools_train) stay the classifier's: the chat recipes measured
-# without them keep their data
-CLASSIFIER_ONLY = re.compile(r"f\d+\+\w+\.t\d+")
 
 
 def varied_pools(avoid: Sequence[str]) -> dict[str, list[tuple[Turns, dict[str, str]]]]:
@@ -230,7 +227,8 @@ def varied_pools(avoid: Sequence[str]) -> dict[str, list[tuple[Turns, dict[str, 
     pools: dict[str, list[tuple[Turns, dict[str, str]]]] = {s: [] for s in VARIED_SKILLS}
     for r in generate_harm()["train"]:
         text = r["text"]
-        if CLASSIFIER_ONLY.fullmatch(r["wording"]) or avoided.shared(text) is not None:
+        # the classifier's training-only concepts stay the classifier's: the chat recipes keep their measured data
+        if is_training_only(r) or avoided.shared(text) is not None:
             continue
         if r["kind"] == "harmful":
             pools["refusal_varied"].append(

@@ -56,13 +56,14 @@ def test_the_wider_pools_continue_the_old_ones_and_reach_every_split() -> None:
 
 
 def test_training_only_concepts_stay_in_training_in_several_frames_and_out_of_the_chat_data() -> None:
-    from training.data.synth import CLASSIFIER_ONLY, varied_pools
+    from training.data.harm_generator import is_training_only
+    from training.data.synth import varied_pools
 
     assert set(TRAIN_ACTIONS) == set(ACTIONS)
     splits = generate_harm()
-    kept = [r for r in splits["train"] if CLASSIFIER_ONLY.fullmatch(r["wording"])]
+    kept = [r for r in splits["train"] if is_training_only(r)]
     assert len(kept) == TRAIN_ACTION_FRAMES * sum(map(len, TRAIN_ACTIONS.values()))
-    assert not any(CLASSIFIER_ONLY.fullmatch(r["wording"]) for s in ("validation", "test") for r in splits[s])
+    assert not any(is_training_only(r) for s in ("validation", "test") for r in splits[s])
     harmful = TRAIN_ACTIONS["weapons"][0]
     frames = {r["wording"].split("+")[0] for r in kept if r["wording"].endswith("weapons.t0")}
     assert len(frames) == TRAIN_ACTION_FRAMES and all(split_of(int(f[1:])) == "train" for f in frames)

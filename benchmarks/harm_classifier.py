@@ -9,7 +9,8 @@ conversation's turns (the newest judged alone and all joined; the earlier turns 
 chat), and once with no turn kept (a conversation the gateway sees first mid-way). Catch: blocked counts per kind and
 harm category (Wilson 95% interval) on the hand-written human slice (``evals/harm_human.yaml``) and, with
 ``--snapshot``, on a harm snapshot's test split and its external slice (prompts written by people, never trained
-on: ``training.data.harm_packaged``), those also by source; ``--prompt-set NAME`` scores a packaged set whole. Each
+on: ``training.data.harm_packaged``), those also by source, and the test split's prompts inside pasted documents
+(``long_turns``: at a document's start, middle or end); ``--prompt-set NAME`` scores a packaged set whole. Each
 version uses the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
 ``core.harm``)."""
 
@@ -58,6 +59,49 @@ def catch(clf: HarmClassifier, records: list[dict[str, str]]) -> dict[str, str]:
         lo, hi = wilson(k, n)
         out[key] = f"{k}/{n} = {k / n:.3f} [{lo:.2f}, {hi:.2f}]"
     return out
+
+
+def long_turns(test: list[dict[str, str]], seed: int = 0) -> dict[str, list[str]]:
+    """The test split's prompts inside a pasted document (the chat generator's replies joined, ~300 or ~1500
+    characters): each harmful one at the document's start, in its middle and at its end, each benign one at its end.
+    What a turn's window (``encoder_window``) buys and costs: every eval prompt fits in it; a long turn does not."""
+    import random
+
+    from training.config import GeneratorConfig
+    from training.data.synth import generate
+
+    replies = [r["messages"][-1]["content"] for r in generate(GeneratorConfig(seed=seed + 1))]
+    rng = random.Random(seed)
+
+    def document(chars: int) -> str:
+        out: list[str] = []
+        while sum(map(len, out)) < chars:
+            out.append(rng.choice(replies))
+        return " ".join(out)
+
+    cases: dict[str, list[str]] = {}
+    for chars in (300, 1500):
+        for kind in ("harmful", "benign"):
+            prompts = [r["text"] for r in test if (r["kind"] == "harmful") == (kind == "harmful")]
+            for where in ("start", "middle", "end") if kind == "harmful" else ("end",):
+                rows = cases.setdefault(f"{kind}_at_{where}_of_{chars}_chars", [])
+                for prompt in prompts:
+                    doc = document(chars)
+                    half = len(doc) // 2
+                    rows.append(
+                        {
+                            "start": f"{prompt}\n\n{doc}",
+                            "middle": f"{doc[:half]}\n\n{prompt}\n\n{doc[half:]}",
+                            "end": f"Here are my notes:\n{doc}\n\n{prompt}",
+                        }[where]
+                    )
+    return cases
+
+
+def blocked(clf: HarmClassifier, texts: list[str]) -> str:
+    k, n = sum(clf.blocks(s) for s in clf.scores(texts)), len(texts)
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} = {k / n:.3f} [{lo:.2f}, {hi:.2f}]"
 
 
 def latency(
@@ -121,10 +165,12 @@ def main() -> None:
         "format": {n: c.meta["format"] for n, c in clfs.items()},
         "threshold": {n: c.threshold for n, c in clfs.items()},
     }
+    long = long_turns(test) if test else {}
     for name, clf in clfs.items():
         report[f"{name}/human"] = catch(clf, human)
         if test:
             report[f"{name}/test"] = catch(clf, test)
+            report[f"{name}/long_turns"] = {case: blocked(clf, texts) for case, texts in long.items()}
         if external:
             report[f"{name}/external"] = catch(clf, external)
         for set_name in args.prompt_set:

@@ -20,7 +20,9 @@ The harm score is 1 - P(benign); the category is the most probable harm label. W
 measurements: docs/results.md, "The safety classifier".
 
 An encoder classifier may carry a ``Screen``: a cascade's first look, a logistic regression over the mean of the
-turn's input word vectors (the encoder's own table, so nothing more is stored), ~0.3 ms. A prompt it scores
+turn's input word vectors (the encoder's own table, so nothing more is stored), ~0.3 ms. A version with an
+``encoder_window`` (48 tokens by default since 2026-11-28) has both stages read the same tokens of a long turn, its
+head and tail. A prompt it scores
 below its threshold passes without the encoder (``HarmScore.screened``); the rest is judged by the encoder.
 Training puts that threshold below every validation prompt the encoder blocks, so the screen changes no
 validation verdict; on ordinary traffic most prompts stop there (docs/results.md, "The cascade").
@@ -60,6 +62,10 @@ MAX_TOKENS = 512  # a longer text is judged by its first and last 256 tokens
 # long pasted turn within the request path's budget (one thread, 3 unseen turns of the safety_filters benchmark's
 # conversations: p99 39 ms at 256, 13.6 at 128; docs/results.md)
 ENCODER_MAX_TOKENS = 128
+# A version's ``encoder_window`` (classifier.json): the tokens, [CLS] and [SEP] included, that both the screen and the
+# encoder read of a turn, a longer one by its head and tail. A version without one reads as before: the encoder
+# ENCODER_MAX_TOKENS, the screen every token (docs/results.md, "A window both stages read").
+MIN_WINDOW = 8
 TURN_CACHE = 4096  # turns whose token sums a classifier keeps (1.5 KB each): a conversation's earlier turns
 
 
@@ -147,7 +153,11 @@ class EncoderEmbedder(_WordPieces):
         layers: int,
         cls_sep: tuple[int, int],
         onnx_model: bytes | None = None,
+        window: int | None = None,
     ) -> None:
+        if window is not None and not MIN_WINDOW <= window <= ENCODER_MAX_TOKENS:
+            raise ValueError(f"encoder window {window}: between {MIN_WINDOW} and {ENCODER_MAX_TOKENS} tokens")
+        self.window = window
         # the layers in NumPy from ``weights``, or in ONNX Runtime from ``onnx_model`` (``weights``: the word table)
         self.encoder: MiniLmEncoder | OnnxMiniLm = (
             MiniLmEncoder(weights, layers) if onnx_model is None else OnnxMiniLm(onnx_model, weights[WORD], layers)
@@ -159,6 +169,13 @@ class EncoderEmbedder(_WordPieces):
     @property
     def dim(self) -> int:
         return HIDDEN
+
+    def ids(self, text: str) -> NDArray[np.int64]:
+        """With a ``window``, a turn longer than it by its head and tail: what the screen and the encoder both read,
+        so the screen's mean is not diluted by a pasted document the encoder never sees, and a pass costs at most
+        the window's tokens (~0.11 ms a token on one thread)."""
+        ids = super().ids(text)
+        return ids if self.window is None else self.head_and_tail(ids, self.window - 2)
 
     def framed(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:
         """``[CLS] ids [SEP]``, a long text by its head and tail: what the encoder reads (and training feeds it)."""
@@ -300,20 +317,25 @@ class HarmClassifier:
         turns): the more harmful of the two. Joined is the mean over the turns' token vectors, each turn embedded
         on its own, so a turn is embedded once per conversation: a chat request repeats its earlier turns, which
         were the newest of earlier requests, and what was computed of them is kept (the last ``TURN_CACHE``
-        turns, by a digest of their text). With a screen, both are scored by it first and the encoder runs only
-        when one reaches the screen's threshold; the newest turn's own pass is the only one a conversation's
-        request waits for. The encoder's attention stays within a turn."""
+        turns, by a digest of their text). With a screen, each of the two is scored by it first and goes on to
+        the encoder only when it reaches the screen's threshold: the earlier turns' passes are run only for a
+        joined request the screen is unsure of, so a conversation new to this gateway (none of its turns kept)
+        usually waits for its newest turn's pass alone. The encoder's attention stays within a turn."""
         kept = self._kept(turns[-context:])
-        if self.screen is not None:
-            words = np.stack([t.words for t in kept if t.words is not None])
-            first = self._judge_sums(words, self.screen)
-            if first.score < self.screen.threshold:
-                return replace(first, screened=True)
-        return self._judge_sums(self._encoder_sums(kept))
+        groups = [kept[-1:], kept] if len(kept) > 1 else [kept]
+        judged: list[HarmScore] = []
+        for group in groups:
+            if self.screen is not None:
+                words = np.stack([t.words for t in group if t.words is not None]).sum(axis=0, keepdims=True)
+                first = self._judge_sums(words, self.screen)
+                if first.score < self.screen.threshold:
+                    judged.append(replace(first, screened=True))
+                    continue
+            judged.append(self._judge_sums(self._encoder_sums(group).sum(axis=0, keepdims=True)))
+        return max(judged, key=lambda s: s.score)
 
     def _judge_sums(self, sums: NDArray[np.float32], screen: Screen | None = None) -> HarmScore:
-        vecs = np.stack([sums[-1], sums.sum(axis=0)]) if len(sums) > 1 else sums
-        return max(self._scores(self._softmax(unit_rows(vecs), screen)), key=lambda s: s.score)
+        return self._scores(self._softmax(unit_rows(sums), screen))[0]
 
     def _kept(self, texts: list[str]) -> list[_Turn]:
         """What is kept of each text, a text not seen before tokenized (and its screen features computed)."""
@@ -364,6 +386,8 @@ class HarmClassifier:
         described: dict[str, Any]
         if isinstance(e, EncoderEmbedder):
             fmt, described = ENCODER_FORMAT, {"encoder_layers": e.encoder.layers}
+            if e.window is not None:
+                described["encoder_window"] = e.window
             if isinstance(e.encoder, OnnxMiniLm):
                 (folder / ONNX_FILE).write_bytes(e.encoder.model)
                 described["encoder_runtime"] = e.encoder.runtime
@@ -390,8 +414,9 @@ class HarmClassifier:
         }
         if self.screen is None:
             meta.pop("screen", None)
-        if "encoder_runtime" not in described:
-            meta.pop("encoder_runtime", None)
+        for key in ("encoder_runtime", "encoder_window"):
+            if key not in described:
+                meta.pop(key, None)
         self.meta = meta
         (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return folder
@@ -418,7 +443,15 @@ class HarmClassifier:
                     onnx_model, weights = None, {n: w[n] for n in param_names(layers)}
                 else:
                     raise ValueError(f"{folder}: unknown encoder runtime {runtime!r}")
-                embedder = EncoderEmbedder(tokenizer_json, weights, layers, (cls_id, sep_id), onnx_model)
+                window = meta.get("encoder_window")
+                embedder = EncoderEmbedder(
+                    tokenizer_json,
+                    weights,
+                    layers,
+                    (cls_id, sep_id),
+                    onnx_model,
+                    None if window is None else int(window),
+                )
                 if "screen_coef" in w.files:  # a version trained before the cascade has none
                     described = {k: v for k, v in meta["screen"].items() if k != "threshold"}
                     screen = Screen(

@@ -92,7 +92,12 @@ def train_classifier_stage(cfg: LifecycleConfig, home: Home, snap: Snapshot, *, 
         config_hash=result.config_hash,
         threshold=result.threshold,
         token_table=c.token_table,
-        features=f"encoder-{c.encoder_layers}-{c.encoder_runtime}" if c.features == "encoder" else "static",
+        features=(
+            f"encoder-{c.encoder_layers}-{c.encoder_runtime}"
+            + (f"-window{c.encoder_window}" if c.encoder_window else "")
+            if c.features == "encoder"
+            else "static"
+        ),
         git_sha=git_sha(),
         flow_run_id=flow_run_id,
         sources=", ".join(snap.manifest.get("sources", [])),

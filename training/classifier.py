@@ -137,7 +137,7 @@ def embedder_for(cfg: SafetyClassifierConfig, cache: Path | None = None) -> Embe
     """The features ``cfg`` names, with the weights a saved folder holds (float16)."""
     if cfg.features == "encoder":
         tokenizer_json, weights, cls_sep = encoder_weights(cfg.encoder_layers)
-        return EncoderEmbedder(tokenizer_json, weights, cfg.encoder_layers, cls_sep)
+        return EncoderEmbedder(tokenizer_json, weights, cfg.encoder_layers, cls_sep, window=cfg.encoder_window)
     tokenizer_json, table, specials = token_table(cfg.token_table, cache)
     return StaticEmbedder(tokenizer_json, table.astype(np.float16), specials)
 
@@ -167,7 +167,7 @@ def as_onnx_int8(clf: HarmClassifier) -> HarmClassifier:
         raise TypeError("an ONNX encoder needs the encoder features")
     source, layers = e.encoder.source, e.encoder.layers
     model = export_int8(source, layers)
-    onnx = EncoderEmbedder(e.tokenizer_json, {WORD: source[WORD]}, layers, e.cls_sep, model)
+    onnx = EncoderEmbedder(e.tokenizer_json, {WORD: source[WORD]}, layers, e.cls_sep, model, e.window)
     coef, intercept = clf.coef_t.T.astype(np.float64), clf.intercept.astype(np.float64)
     # the runtime that scored it: the verdicts were measured with this version's int8 kernels
     meta = {**clf.meta, "onnxruntime": onnxruntime.__version__}
@@ -319,7 +319,9 @@ def _finetune(
     tuned = {n: state[n].detach().numpy().astype(np.float16) for n in source}
     return HarmClassifier(
         clf.labels,
-        EncoderEmbedder(embedder.tokenizer_json, tuned, embedder.encoder.layers, embedder.cls_sep),
+        EncoderEmbedder(
+            embedder.tokenizer_json, tuned, embedder.encoder.layers, embedder.cls_sep, window=embedder.window
+        ),
         head.weight.detach().double().numpy(),
         head.bias.detach().double().numpy(),
         clf.threshold,

@@ -52,6 +52,16 @@ class SafetyClassifierConfig(StrictModel):
         "the human slice and the external slice (docs/results.md); run as int8 ONNX they cost what 1 layer did in "
         "NumPy.",
     )
+    encoder_window: int | None = Field(
+        48,
+        ge=8,
+        le=128,
+        description="'encoder' features: tokens of a turn ([CLS] and [SEP] included) that the screen and the encoder "
+        "both read, a longer turn by its head and tail; null: the encoder reads 128 and the screen every token (the "
+        "versions before it). Every prompt of the eval splits fits in 48; a pasted document's request at its start "
+        "or end is caught far more often, one in its middle far less, and a pass costs at most the window "
+        "(docs/results.md, 'A window both stages read').",
+    )
     encoder_runtime: Literal["onnx-int8", "numpy"] = Field(
         "onnx-int8",
         description="What runs the encoder's layers on the request path (core.harm): 'onnx-int8', an ONNX Runtime "

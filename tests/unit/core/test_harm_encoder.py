@@ -67,6 +67,31 @@ def test_a_long_turn_is_judged_by_its_head_and_tail() -> None:
     np.testing.assert_allclose(e.pool(ids), e.pool(kept), atol=1e-6)
 
 
+def test_a_window_is_what_the_screen_and_the_encoder_both_read(tmp_path: Path) -> None:
+    tokenizer_json, weights, cls_sep = encoder_weights(2)
+    e = EncoderEmbedder(tokenizer_json, weights, 2, cls_sep, window=16)
+    long_turn = "filler words here " * 40 + "how do I build a pipe bomb"
+    whole = _embedder().ids(long_turn)
+    ids = e.ids(long_turn)
+    assert len(ids) == 14 and list(ids) == list(e.head_and_tail(whole, 14))  # 16 with [CLS] and [SEP]
+    assert len(e.framed(ids)) == 16
+    short = "how do I build a pipe bomb"
+    assert list(e.ids(short)) == list(_embedder().ids(short))  # a turn that fits reads as without a window
+    np.testing.assert_allclose(e.embed([short]), _embedder().embed([short]), atol=1e-6)
+    # the screen's features are the window's words, not the pasted document's
+    np.testing.assert_allclose(e.word_sums([e.ids(long_turn)]), e.word_sums([ids]), atol=1e-6)
+    # a version records its window, and one without it loads as before (no window: every token for the screen)
+    coef = np.zeros((len(LABELS), 384))
+    HarmClassifier(LABELS, e, coef, np.zeros(len(LABELS)), 0.5).save(tmp_path / "w")
+    assert json.loads((tmp_path / "w" / "classifier.json").read_text())["encoder_window"] == 16
+    assert HarmClassifier.load(tmp_path / "w").embedder.window == 16  # type: ignore[union-attr]
+    HarmClassifier(LABELS, _embedder(), coef, np.zeros(len(LABELS)), 0.5).save(tmp_path / "none")
+    assert "encoder_window" not in json.loads((tmp_path / "none" / "classifier.json").read_text())
+    assert HarmClassifier.load(tmp_path / "none").embedder.window is None  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="between 8 and 128"):
+        EncoderEmbedder(tokenizer_json, weights, 2, cls_sep, window=4)
+
+
 def _toy_classifier(threshold: float = 0.5) -> HarmClassifier:
     """Weapons leans toward the embedding of a bomb question, benign carries the intercept."""
     e = _embedder()
@@ -211,8 +236,15 @@ def test_the_screen_passes_what_it_is_sure_of_and_the_encoder_judges_the_rest(mo
     assert embedded == []  # no encoder pass for a prompt the screen is sure of
     judged = clf.judge_turns([cats, bomb], context=3)
     assert not judged.screened and clf.blocks(judged) and judged.category == "weapons"
-    assert embedded == [2]  # the kept turn's encoder sums were never computed: both in one pass
+    assert embedded == [1, 1]  # the screen was unsure of the joined request too: the kept turn's pass ran as well
     assert judged.score == pytest.approx(want_judged.score, abs=1e-6)
+    # a joined request the screen is sure of costs no pass for the earlier turns (a conversation new to the gateway)
+    chatter = "tell me a joke about cats and dogs and the weather in spring with my friends " * 4
+    assert clf.screen_scores([chatter + bomb])[0].score < clf.screen.threshold  # type: ignore[union-attr]
+    embedded.clear()
+    clf.forget_turns()
+    newest_only = clf.judge_turns([chatter, bomb], context=3)
+    assert embedded == [1] and clf.blocks(newest_only) and newest_only.category == "weapons"
     # scores() judges as the gateway does: screened texts get the screen's score, the rest the encoder's
     got = clf.scores([cats, bomb, "hi"])
     assert [g.screened for g in got] == [True, False, True]

@@ -54,11 +54,13 @@ def catch(clf: HarmClassifier, records: list[dict[str, str]]) -> dict[str, str]:
         for key in keys:
             counts[key][0] += clf.blocks(s)
             counts[key][1] += 1
-    out = {}
-    for key, (k, n) in sorted(counts.items()):
-        lo, hi = wilson(k, n)
-        out[key] = f"{k}/{n} = {k / n:.3f} [{lo:.2f}, {hi:.2f}]"
-    return out
+    return {key: share(k, n) for key, (k, n) in sorted(counts.items())}
+
+
+def share(k: int, n: int) -> str:
+    """``k/n = rate [Wilson 95% interval]``."""
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} = {k / n:.3f} [{lo:.2f}, {hi:.2f}]"
 
 
 def long_turns(test: list[dict[str, str]], seed: int = 0) -> dict[str, list[str]]:
@@ -99,9 +101,7 @@ def long_turns(test: list[dict[str, str]], seed: int = 0) -> dict[str, list[str]
 
 
 def blocked(clf: HarmClassifier, texts: list[str]) -> str:
-    k, n = sum(clf.blocks(s) for s in clf.scores(texts)), len(texts)
-    lo, hi = wilson(k, n)
-    return f"{k}/{n} = {k / n:.3f} [{lo:.2f}, {hi:.2f}]"
+    return share(sum(clf.blocks(s) for s in clf.scores(texts)), len(texts))
 
 
 def latency(

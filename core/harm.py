@@ -20,12 +20,12 @@ The harm score is 1 - P(benign); the category is the most probable harm label. W
 measurements: docs/results.md, "The safety classifier".
 
 An encoder classifier may carry a ``Screen``: a cascade's first look, a logistic regression over the mean of the
-turn's input word vectors (the encoder's own table, so nothing more is stored), ~0.3 ms. A version with an
-``encoder_window`` (48 tokens by default since 2026-11-28) has both stages read the same tokens of a long turn, its
-head and tail. A prompt it scores
+turn's input word vectors (the encoder's own table, so nothing more is stored), ~0.3 ms. A prompt it scores
 below its threshold passes without the encoder (``HarmScore.screened``); the rest is judged by the encoder.
 Training puts that threshold below every validation prompt the encoder blocks, so the screen changes no
-validation verdict; on ordinary traffic most prompts stop there (docs/results.md, "The cascade").
+validation verdict; on ordinary traffic most prompts stop there (docs/results.md, "The cascade"). A version with an
+``encoder_window`` (48 tokens by default since 2026-11-28) has both stages read the same tokens of a long turn: its
+head and tail.
 
 The folder holds ``classifier.json`` (format, labels, operating threshold, provenance), ``weights.npz`` (the token
 table or the encoder's tensors in float16, coefficients, intercepts) and ``tokenizer.json``: plain arrays and JSON,

@@ -2,12 +2,14 @@
 
     .venv/bin/python scripts/calibrate_gate.py --home /tmp/run-home chat 1
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 .venv/bin/python scripts/calibrate_gate.py --home ... chat 1
+    .venv/bin/python scripts/calibrate_gate.py --home ... --config configs/smollm2.yaml \
+        --policy configs/gates/smollm2.yaml --dtype float32 chat 2          # a model served in one precision
 
-Evaluates the version with ``lifecycle eval`` once per precision (``evals.engine.dtype`` float32 and bfloat16;
-stored reports are reused), prints the YAML entries to paste under ``measured:`` in the policy file (the CPU
-named by ``core.machine``: run it on, or with the variables above as, each CPU class the model was trained on),
-and a table of each rule's margin in standard errors against the policy's current floors. Exit 1 when a margin
-is below the policy's ``margin_se``.
+Evaluates the version with ``lifecycle eval`` once per precision (``evals.engine.dtype`` float32 and bfloat16, or
+the ``--dtype`` named: the one its config serves; stored reports are reused), prints the YAML entries to paste
+under ``measured:`` in the policy file (the CPU named by ``core.machine``: run it on, or with the variables above
+as, each CPU class the model was trained on), and a table of each rule's margin in standard errors against the
+policy's current floors. Exit 1 when a margin is below the policy's ``margin_se``.
 """
 
 from __future__ import annotations
@@ -49,11 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--home", required=True, help="the home folder the version was trained in")
     p.add_argument("--config", default=None, help="the config it was trained with (default configs/default.yaml)")
     p.add_argument("--policy", default=str(REPO / "configs" / "gates" / "default.yaml"))
+    p.add_argument(
+        "--dtype",
+        action="append",
+        choices=DTYPES,
+        help="evaluate in this precision only (repeatable; default: both): a config served in one precision",
+    )
     args = p.parse_args(argv)
     policy = load_policy(Path(args.policy))
     cpu = cpu_description()
     measurements = []
-    for dtype in DTYPES:
+    for dtype in args.dtype or DTYPES:
         metrics = measure(args.home, args.name, args.version, dtype, args.config)
         ruled = {k: v for k, v in metrics.items() if k in policy.rules}
         measurements.append(Measurement(cpu=cpu, dtype=dtype, metrics=ruled))  # type: ignore[arg-type]

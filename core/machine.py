@@ -35,6 +35,13 @@ def cpu_model() -> str:
     return line.partition(":")[2].strip() or "unknown CPU"
 
 
+def cpu_vendor() -> str:
+    """``GenuineIntel``, ``AuthenticAMD`` ...: the same ISA class computes differently on the two vendors' CPUs
+    (the math libraries pick their kernels by vendor); empty where /proc/cpuinfo names none."""
+    line = next((ln for ln in _cpuinfo() if ln.startswith("vendor_id")), "")
+    return line.partition(":")[2].strip()
+
+
 def isa_class(flags: frozenset[str] | None = None, env: dict[str, str] | None = None) -> str:
     """``avx2 kernels`` when PyTorch is held to AVX2, else the best class the flags show: ``amx_bf16``,
     ``avx512_bf16``, ``avx512`` or ``avx2``."""

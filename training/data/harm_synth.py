@@ -255,7 +255,7 @@ def build_harm_snapshot(
             "hash": digest,
             "schema": SCHEMA,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "sources": ["generator" + " (with training-only statements)" * statements] * generator
+            "sources": ["generator (with training-only statements)" if statements else "generator"] * generator
             + [f"{p.provenance['package']}:{p.provenance['set']}" for p in dealt_sets]
             + [f"{p.provenance['package']}:{p.provenance['set']} (external)" for p in external_sets]
             + [str(p) for p in sources or []],

@@ -44,6 +44,7 @@ from monitoring.controller import (
 )
 from monitoring.rollout import RolloutState
 from monitoring.window import version_stats
+from serving.config import ServingConfig
 from serving.launcher import GatewayProcess
 
 
@@ -210,6 +211,16 @@ def rollout_goes_on(decisions: list[dict[str, Any]]) -> bool:
     return bool(decisions) and decisions[-1]["action"] in IN_PROGRESS
 
 
+def run_serving(cfg: LifecycleConfig) -> ServingConfig:
+    """The serving config of the gateway ``lifecycle run`` starts: ``serving`` on a free port, its engines eager or
+    compiled as ``run.enforce_eager`` says (null: as ``serving.engine`` says)."""
+    serving = cfg.serving.model_copy(update={"port": 0})
+    if cfg.run.enforce_eager is None:
+        return serving
+    engine = serving.engine.model_copy(update={"enforce_eager": cfg.run.enforce_eager})
+    return serving.model_copy(update={"engine": engine})
+
+
 def simulate(
     cfg: LifecycleConfig,
     home: Home,
@@ -226,8 +237,7 @@ def simulate(
     simulated users' key opted in to training (their conversations are what a retrain curates) and stays active:
     curation only takes conversations of keys active and opted in when it runs. The gateway is stopped in every
     case."""
-    serving = cfg.serving.model_copy(update={"port": 0})
-    spec = serve_spec(cfg.model_copy(update={"serving": serving}), home)
+    spec = serve_spec(cfg.model_copy(update={"serving": run_serving(cfg)}), home)
     t = cfg.run.traffic
     per_tick = max(1, int(t.rate * cfg.rollout.interval_s))
     prompts = traffic_prompts(cfg.data.generator, t.profile, per_tick * 4)

@@ -40,6 +40,13 @@ class RunConfig(StrictModel):
         description="The rollout policy of lifecycle run's simulated rollout (production uses rollout:).",
     )
     max_ticks: int = Field(20, ge=1, description="Analyses before the run gives up waiting (the rollout stays as is).")
+    enforce_eager: bool | None = Field(
+        None,
+        description="The engines of the gateway lifecycle run starts for its simulated users: eager (true), "
+        "compiled (false), or as serving.engine.enforce_eager says (null). That gateway lives a few minutes: a "
+        "compiled start can cost more than its requests gain (docs/results.md, \"The loop's own gateway and "
+        'shorter self-replies").',
+    )
     drift_check: bool = Field(
         True,
         description="After the rollout, play drift_requests more simulated requests and check them for drift "

@@ -11,7 +11,7 @@ from unit.monitoring.test_controller import NAME, POLICY, FakeDeployments, FakeL
 from core.home import Home
 from flows.commands.render import status_lines
 from flows.config import LifecycleConfig
-from flows.rollout import rollout_goes_on, rollout_status
+from flows.rollout import rollout_goes_on, rollout_status, run_serving
 from monitoring.controller import RolloutController
 
 
@@ -41,4 +41,17 @@ def test_a_rerun_carries_on_a_rollout_an_earlier_run_left_unfinished() -> None:
     assert rollout_goes_on([{"action": "advance"}]) and rollout_goes_on([{"action": "hold"}])
     assert not rollout_goes_on([]) and not any(
         rollout_goes_on([{"action": a}]) for a in ("promote", "finish", "rollback", "reject")
+    )
+
+
+def test_the_runs_own_gateway_runs_its_engines_as_run_enforce_eager_says() -> None:
+    # lifecycle run's gateway lives minutes: run.enforce_eager may run it eager while lifecycle serve stays compiled
+    compiled = LifecycleConfig.model_validate({"serving": {"port": 8123, "engine": {"enforce_eager": False}}})
+    assert run_serving(compiled).engine.enforce_eager is False and run_serving(compiled).port == 0
+    eager = compiled.model_copy(update={"run": compiled.run.model_copy(update={"enforce_eager": True})})
+    served = run_serving(eager)
+    assert served.engine.enforce_eager is True and served.port == 0
+    assert eager.serving.engine.enforce_eager is False  # the config lifecycle serve reads is untouched
+    assert served.engine.model_dump(exclude={"enforce_eager"}) == eager.serving.engine.model_dump(
+        exclude={"enforce_eager"}
     )

@@ -11,7 +11,9 @@ so champion, canary and shadow adapters cost one engine; a full fine-tune gets i
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +26,26 @@ from serving.config import Dtype, EngineSettings
 from serving.wire.errors import bad_request
 
 log = logging.getLogger("lifecycle.serving")
+
+# vLLM's Prometheus stat logger unregisters every ``vllm:*`` collector of the process-wide registry, then registers
+# its own: two engines starting side by side (the router loads a base and a LoRA engine at once) can interleave the
+# two steps and fail with DuplicateTimeseries. Only that construction is serialized, not the engines' starts.
+_METRICS_LOCK = threading.Lock()
+
+
+@functools.cache
+def _serialized_prometheus_logger() -> type:
+    """vLLM's ``PrometheusStatLogger``, built under a process-wide lock; handed to ``AsyncLLM`` as its stat logger
+    (a subclass of vLLM's own, so vLLM adds no second one)."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    class SerializedPrometheusStatLogger(PrometheusStatLogger):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            with _METRICS_LOCK:
+                super().__init__(*args, **kwargs)
+
+    return SerializedPrometheusStatLogger
+
 
 EngineState = Literal["starting", "ready", "dead", "stopped"]
 
@@ -185,7 +207,7 @@ class VllmEngine:
         if s.max_model_len:
             args.max_model_len = s.max_model_len
         try:
-            self._llm = AsyncLLM.from_engine_args(args)
+            self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_serialized_prometheus_logger()])
         except Exception:
             self._state = "dead"
             raise

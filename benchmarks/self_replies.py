@@ -36,19 +36,16 @@ def main() -> None:
     from evals.runner import ModelTarget, chat_model
     from flows.config import load_config
     from flows.stages import base_model_stage
-    from training.data.self_replies import choose, stored_record
-    from training.data.snapshot import SPLITS, load_snapshot
+    from training.data.self_replies import choose, prompts, source_of, source_splits
+    from training.data.snapshot import load_snapshot
 
     levels = [int(x) for x in args.levels.split(",")]
     cfg = load_config(Path(args.config), [])
     home = Home(Path(args.home))
-    source = load_snapshot(home.snapshots, args.snapshot)
-    if "derived_from" in source.manifest:
-        source = load_snapshot(home.snapshots, source.manifest["derived_from"])
+    source = source_of(load_snapshot(home.snapshots, args.snapshot), home.snapshots)
     base = base_model_stage(cfg, home, source, progress=False)
-    splits = {s: [stored_record(r) for r in source.records(s)] for s in SPLITS}
-    chosen = choose(splits, cfg.finetune.self_replies)[: args.limit]
-    conversations = [[{"role": m.role, "content": m.content} for m in splits[c.split][c.index].prompt] for c in chosen]
+    splits = source_splits(source)
+    conversations = prompts(splits, choose(splits, cfg.finetune.self_replies)[: args.limit])
     max_tokens = cfg.finetune.self_replies.max_tokens
     target = ModelTarget(label=f"base {base.path.name}", model_id=base.identity, folder=base.path)
 
@@ -60,7 +57,9 @@ def main() -> None:
             t1 = time.perf_counter()
             replies = chat.greedy(conversations, max_tokens)
             t2 = time.perf_counter()
-        rows.append({"max_num_seqs": n, "start_s": t1 - t0, "generate_s": t2 - t1, "texts": [r.text for r in replies]})
+        texts = [r.text for r in replies]
+        same = texts == rows[0]["texts"] if rows else True
+        rows.append({"max_num_seqs": n, "start_s": t1 - t0, "generate_s": t2 - t1, "same": same, "texts": texts})
 
     first = rows[0]
     print(
@@ -69,13 +68,9 @@ def main() -> None:
     )
     print(f"{'max_num_seqs':>12}  {'start s':>8}  {'generate s':>10}  {'ratio':>6}  same replies")
     for r in rows:
-        same = r["texts"] == first["texts"]
         ratio = r["generate_s"] / first["generate_s"]
-        print(f"{r['max_num_seqs']:>12}  {r['start_s']:>8.1f}  {r['generate_s']:>10.1f}  {ratio:>6.2f}  {same}")
-    summary = [
-        {k: r[k] for k in ("max_num_seqs", "start_s", "generate_s")} | {"same": r["texts"] == first["texts"]}
-        for r in rows
-    ]
+        print(f"{r['max_num_seqs']:>12}  {r['start_s']:>8.1f}  {r['generate_s']:>10.1f}  {ratio:>6.2f}  {r['same']}")
+    summary = [{k: v for k, v in r.items() if k != "texts"} for r in rows]
     print(json.dumps({"prompts": len(conversations), "levels": summary}))
 
 

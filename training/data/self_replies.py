@@ -176,6 +176,20 @@ def _replaced(record: ChatRecord, reply: str) -> ChatRecord:
     return ChatRecord((*record.prompt, Message("assistant", reply)), record.metadata)
 
 
+def source_of(snapshot: Snapshot, root: Path) -> Snapshot:
+    """The snapshot a derivation starts from: ``snapshot`` itself, or for a derived one its source."""
+    return load_snapshot(root, snapshot.manifest["derived_from"]) if "derived_from" in snapshot.manifest else snapshot
+
+
+def source_splits(source: Snapshot) -> dict[str, list[ChatRecord]]:
+    return {split: [stored_record(r) for r in source.records(split)] for split in SPLITS}
+
+
+def prompts(splits: dict[str, list[ChatRecord]], chosen: Sequence[Chosen]) -> list[Messages]:
+    """The messages the base model replies to for each chosen record: everything before its final reply."""
+    return [[{"role": m.role, "content": m.content} for m in splits[t.split][t.index].prompt] for t in chosen]
+
+
 def derive_snapshot(
     source: Snapshot,
     cfg: SelfRepliesConfig,
@@ -188,19 +202,17 @@ def derive_snapshot(
     """The derived snapshot of ``source`` (found by its key, or generated with the engine ``open_chat`` starts and
     stored under ``root``). A derived source is derived again from its own source; with no record to replace,
     ``source`` itself is returned."""
-    if "derived_from" in source.manifest:
-        source = load_snapshot(root, source.manifest["derived_from"])
+    source = source_of(source, root)
     generation = settings(cfg, dtype)
     key = derivation_key(source.hash, base_hash, generation)
     if found := find_derived(root, key):
         return found
-    splits = {split: [stored_record(r) for r in source.records(split)] for split in SPLITS}
+    splits = source_splits(source)
     chosen = choose(splits, cfg)
     if not chosen:
         return source
     with open_chat() as chat:
-        prompts = [[{"role": m.role, "content": m.content} for m in splits[t.split][t.index].prompt] for t in chosen]
-        replies = chat.greedy(prompts, cfg.max_tokens)
+        replies = chat.greedy(prompts(splits, chosen), cfg.max_tokens)
     kept: Counter[str] = Counter()
     replaced: list[Chosen] = []
     trimmed = 0

@@ -91,6 +91,9 @@ class _WordPieces:
         n = self.max_tokens
         if len(text) > 8 * n:
             text = text[: 4 * n] + "\n" + text[-4 * n :]
+        return self._encode(text)
+
+    def _encode(self, text: str) -> NDArray[np.int64]:
         ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
         return ids[~self.skip[ids]]
 
@@ -174,8 +177,28 @@ class EncoderEmbedder(_WordPieces):
         """With a ``window``, a turn longer than it by its head and tail: what the screen and the encoder both read,
         so the screen's mean is not diluted by a pasted document the encoder never sees, and a pass costs at most
         the window's tokens (~0.11 ms a token on one thread)."""
-        ids = super().ids(text)
-        return ids if self.window is None else self.head_and_tail(ids, self.window - 2)
+        if self.window is None:
+            return super().ids(text)
+        n = self.window - 2
+        ends = self._ends(text, n)
+        return ends if ends is not None else self.head_and_tail(super().ids(text), n)
+
+    def _ends(self, text: str, n: int) -> NDArray[np.int64] | None:
+        """``head_and_tail(ids(text), n)`` from the text's two ends alone: a pasted 3 KB turn costs ~1.2 ms to
+        tokenize whole, its ends a fifth of that. Exact: BERT's tokenizer reads each word on its own (normalizing
+        character by character, splitting at whitespace and punctuation), so text cut at a space gives the same
+        tokens for the words it keeps. The ends grow until each holds its half of the window (None when they would
+        reach past what ``ids`` reads of a long text, or meet: the whole text is tokenized then)."""
+        head_n, tail_n = n // 2, n - n // 2
+        chars = 4 * n  # ~2x what half a window of English takes; doubled while short
+        while chars <= 4 * self.max_tokens and 2 * chars < len(text):
+            head_end, tail_start = text.rfind(" ", 0, chars), text.find(" ", len(text) - chars)
+            if head_end > 0 and tail_start >= 0:
+                head, tail = (self._encode(part) for part in (text[:head_end], text[tail_start + 1 :]))
+                if len(head) >= head_n and len(tail) >= tail_n and len(head) + len(tail) > n:
+                    return np.concatenate([head[:head_n], tail[len(tail) - tail_n :]])
+            chars *= 2
+        return None
 
     def framed(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:
         """``[CLS] ids [SEP]``, a long text by its head and tail: what the encoder reads (and training feeds it)."""

@@ -102,6 +102,47 @@ def _toy_classifier(threshold: float = 0.5) -> HarmClassifier:
     return HarmClassifier(LABELS, e, coef, intercept, threshold)
 
 
+@pytest.mark.parametrize("window", [16, 48])
+def test_a_windowed_long_turn_tokenizes_its_ends_alone_to_the_same_ids(
+    window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ids`` of a windowed embedder reads a long turn's two ends only (a fifth of tokenizing a pasted document
+    whole): the ids are those of the whole text's head and tail, whatever the text (long words, no spaces,
+    punctuation runs, accents and CJK the normalizer rewrites, control and zero-width characters, > 4096 chars)."""
+    import random
+
+    from core.harm import _WordPieces
+
+    tokenizer_json, weights, cls_sep = encoder_weights(1)
+    e = EncoderEmbedder(tokenizer_json, weights, 1, cls_sep, window=window)
+
+    def whole(text: str) -> list[int]:
+        return list(e.head_and_tail(_WordPieces.ids(e, text), window - 2))
+
+    rng = random.Random(window)
+    pieces = list("abcdefgh KLMN,.;!?-'\"\t\n  ") + ["é", "ß", "中", "文", "😀", "\u0301", "\u200b", "\x00", "ﬁ"]
+    texts = [t * k for t in TEXTS for k in (1, 20, 300)]
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.choice([40, 400, 3000, 9000]))) for _ in range(300)]
+    texts += [" ".join("x" * rng.randint(1, 300) for _ in range(rng.randint(1, 80))) for _ in range(100)]
+    texts += ["y" * 5000, "z " * 3000, "how do I build a pipe bomb " + "filler " * 500 + "and hide it"]
+    read: list[int] = []  # the characters each tokenizer call of ``ids`` read
+    encode = e._encode
+    monkeypatch.setattr(e, "_encode", lambda text: read.append(len(text)) or encode(text))
+    got, cost = [], []
+    for text in texts:
+        read.clear()
+        got.append(list(e.ids(text)))
+        cost.append(sum(read))
+    monkeypatch.undo()
+    for text, ids in zip(texts, got, strict=True):
+        assert ids == whole(text), text[:80]
+    # and a pasted document's worth of words (over 2 KB) costs at most half of what tokenizing it whole reads
+    # (its first and last 512 characters, ``_WordPieces.ids``)
+    for text, chars in zip(texts, cost, strict=True):
+        if len(text) > 2000 and text.count(" ") > len(text) / 10:
+            assert chars <= (8 * e.max_tokens + 1) / 2, text[:80]
+
+
 def test_save_load_round_trip(tmp_path: Path) -> None:
     clf = _toy_classifier(threshold=0.42)
     clf.save(tmp_path / "v1", {"snapshot": "test"})

@@ -58,5 +58,12 @@ def isa_class(flags: frozenset[str] | None = None, env: dict[str, str] | None = 
     return "avx512" if "avx512f" in flags else "avx2"
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or ``taskset``'s share), not the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def cpu_description() -> str:
     return f"{cpu_model()} ({isa_class()}), {os.cpu_count()} cores"

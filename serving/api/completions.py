@@ -121,7 +121,7 @@ async def prepare(gw: Gateway, key: ApiKey | None, req: CompletionRequest, reque
     served, route_kind, brownout, assigned = gw.selection.select(route, (key.id if key else None) or request_id, None)
     engine = served.engine
     gw.check_vocabulary(req, engine)
-    prompts = await anyio.to_thread.run_sync(_tokenize, gw, engine, req)
+    prompts = await anyio.to_thread.run_sync(_tokenize, gw, engine, req, limiter=gw.preparing)
     window = engine.max_model_len
     calls = []
     for i, (ids, text, verdict) in enumerate(prompts):

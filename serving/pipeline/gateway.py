@@ -46,6 +46,7 @@ from typing import Any
 import anyio
 
 from core.errors import NotFoundError
+from core.machine import available_cpus
 from serving.config import ServingConfig
 from serving.engines.engine import Engine, EngineDead, GenerationRequest, close_stream
 from serving.engines.faults import Faults
@@ -110,6 +111,8 @@ class Gateway:
         self._recording: dict[str, asyncio.Task[None]] = {}  # request id -> its record write, while it runs
         # one tokenization at a time: a fast tokenizer's Rust state is not safe under concurrent calls
         self.tokenizing = threading.Lock()
+        # the threads that prepare requests (template, tokens, pre-filter): the rest wait here, in order
+        self.preparing = anyio.CapacityLimiter(cfg.prepare_threads or max(2, available_cpus()))
 
     # --- the steps ------------------------------------------------------------------------------------------
 
@@ -195,7 +198,9 @@ class Gateway:
         new_messages = [m.plain() for m in req.messages]
         engine = served.engine
         self.check_vocabulary(req, engine)
-        fitted, verdict = await anyio.to_thread.run_sync(self._fit_and_judge, engine, history + new_messages, req)
+        fitted, verdict = await anyio.to_thread.run_sync(
+            self._fit_and_judge, engine, history + new_messages, req, limiter=self.preparing
+        )
         max_tokens = (
             min(fitted.max_tokens, brownout.max_tokens)
             if brownout.active and brownout.max_tokens

@@ -566,3 +566,37 @@ async def test_refused_request_leaves_no_conversation_behind(make_harness: MakeH
     r = await h.chat(secret=secret, conversation_id="new", max_tokens=200)
     assert r.status_code == 429
     assert h.runtime.gateway.store.list_conversations(tiny.id) == []
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+async def test_requests_are_prepared_by_at_most_prepare_threads_at_once(
+    make_harness: MakeHarness, threads: int
+) -> None:
+    """The chat template, tokenization and pre-filter of concurrent requests run on ``prepare_threads`` worker
+    threads; the rest wait their turn (not in anyio's shared pool of 40, contending for the cores and the GIL)."""
+    import threading
+    import time
+
+    h = make_harness({"prepare_threads": threads})
+    gateway = h.runtime.gateway
+    lock, inside, most = threading.Lock(), [0], [0]
+    check = gateway.filters.pre.check
+
+    def slow_check(messages: list[dict[str, str]]) -> Any:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.05)  # a slow pre-filter: the others arrive meanwhile
+        with lock:
+            inside[0] -= 1
+        return check(messages)
+
+    gateway.filters.pre.check = slow_check  # type: ignore[method-assign]
+    async with h.client() as c:
+        body = {"model": "chat", "messages": USER, "max_tokens": 4}
+        replies = await asyncio.gather(
+            *(c.post("/v1/chat/completions", json=body, headers=h.auth()) for _ in range(6)),
+            c.post("/v1/completions", json={"model": "chat", "prompt": "hello", "max_tokens": 4}, headers=h.auth()),
+        )
+    assert [r.status_code for r in replies] == [200] * 7
+    assert most[0] == threads  # never more than the setting, and all of them in use under load

@@ -10,7 +10,8 @@ chat), and once with no turn kept (a conversation the gateway sees first mid-way
 harm category (Wilson 95% interval) on the hand-written human slice (``evals/harm_human.yaml``) and, with
 ``--snapshot``, on a harm snapshot's test split and its external slice (prompts written by people, never trained
 on: ``training.data.harm_packaged``), those also by source, and the test split's prompts inside pasted documents
-(``long_turns``: at a document's start, middle or end); ``--prompt-set NAME`` scores a packaged set whole. Each
+(``long_turns``: at a document's start, middle or end; and what tokenizing such a turn costs by its ends against
+whole); ``--prompt-set NAME`` scores a packaged set whole. Each
 version uses the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
 ``core.harm``)."""
 
@@ -132,6 +133,36 @@ def latency(
     return {name: {"p50_ms": round(pct(t, 0.5), 4), "p99_ms": round(pct(t, 0.99), 4)} for name, t in times.items()}
 
 
+def tokenizing(clf: HarmClassifier, texts: list[str], repeat: int) -> dict[str, float | bool]:
+    """A windowed encoder version's token ids of long turns (``long_turns``' documents) from the text's two ends
+    (``EncoderEmbedder.ids``) against tokenizing the whole text and cutting its head and tail (as before
+    2026-11-29), interleaved text by text on one thread: ms per turn, the ratio, and whether the ids agree."""
+    from core.harm import EncoderEmbedder, _WordPieces
+
+    e = clf.embedder
+    if not isinstance(e, EncoderEmbedder) or e.window is None:
+        return {}
+    n = e.window - 2
+    ends_ms = whole_ms = 0.0
+    same = True
+    for _ in range(repeat):
+        for text in texts:
+            start = time.perf_counter()
+            ends = e.ids(text)
+            mid = time.perf_counter()
+            whole = e.head_and_tail(_WordPieces.ids(e, text), n)
+            ends_ms += mid - start
+            whole_ms += time.perf_counter() - mid
+            same = same and bool((ends == whole).all()) and len(ends) == len(whole)
+    per = 1e3 / (repeat * len(texts))
+    return {
+        "whole_ms": round(whole_ms * per, 4),
+        "ends_ms": round(ends_ms * per, 4),
+        "ratio_ends_to_whole": round(ends_ms / whole_ms, 3),
+        "same_ids": same,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", type=Path, required=True)
@@ -175,6 +206,9 @@ def main() -> None:
             report[f"{name}/external"] = catch(clf, external)
         for set_name in args.prompt_set:
             report[f"{name}/{set_name}"] = catch(clf, load_prompt_set(set_name, args.packages).records)
+    if long:
+        pasted = [t for case, texts in long.items() if "1500" in case for t in texts]
+        report["tokenizing_long_turns_one_thread"] = tokenizing(clfs["candidate"], pasted, args.repeat)
     texts = [r["text"] for r in human + test]
     rows = (
         ("one_turn", 1, True),

@@ -15,9 +15,10 @@
 3. With ``--classifier FOLDER`` (a trained safety classifier: ``lifecycle safety-classifier train`` writes it under
    ``$LIFECYCLE_HOME/models/runs/safety-classifier/``): the latency the classifier adds to a request at 32
    concurrent streams (each checks a prompt, then generates for ``--generate-ms`` before its next request; started
-   staggered), as the gateway runs the pre-filter (``anyio.to_thread`` from the event loop), against the
-   same pre-filter without it (rules + toxicity scorer: the filter-off baseline) in the same run, interleaved in
-   rounds so both see the same contention; prints p50/p99 of each and their difference (targets: p50 <= 5 ms,
+   staggered), as the gateway runs the pre-filter (``anyio.to_thread`` from the event loop, on its
+   ``prepare_threads``: ``--prepare-threads``, several to compare them), against the same pre-filter without it
+   (rules + toxicity scorer: the filter-off baseline) on as many threads in the same run, interleaved in rounds so
+   all see the same contention; prints p50/p99 of each and their difference (targets: p50 <= 5 ms,
    p99 <= 10 ms added), the share of each kind of conversation the classifier blocks, and how many its screen
    passed without an encoder pass (``core.harm.Screen``, the cascade's first look). Twice: with each
    conversation new to the classifier (every turn embedded) and with its earlier user turns judged before (as
@@ -168,8 +169,10 @@ def bench_classifier(
     streams: int,
     rounds: int,
     generate_ms: float,
+    prepare_threads: list[int],
 ) -> bool:
-    """Each classifier's added latency against the filter-off pre-filter, all interleaved in the same rounds."""
+    """Each classifier's added latency against the filter-off pre-filter, for each number of preparing threads,
+    all interleaved in the same rounds."""
     import asyncio
 
     import anyio
@@ -190,16 +193,18 @@ def bench_classifier(
         for _, messages in conversations[:50]:  # warm-up (imports, first allocations)
             ons[-1].check(messages)
 
-    async def run(flt: PreFilter | ClassifiedPreFilter) -> list[float]:
+    async def run(flt: PreFilter | ClassifiedPreFilter, threads: int) -> list[float]:
         times: list[float] = []
         queue = list(conversations)
+        # as the gateway prepares requests: on its own ``prepare_threads`` (0: anyio's shared pool of 40)
+        limiter = anyio.CapacityLimiter(threads) if threads else None
 
         async def stream(offset: float) -> None:
             await asyncio.sleep(offset)
             while queue:
                 _, messages = queue.pop()
                 start = time.perf_counter_ns()
-                await anyio.to_thread.run_sync(flt.check, messages)
+                await anyio.to_thread.run_sync(flt.check, messages, limiter=limiter)
                 times.append((time.perf_counter_ns() - start) / 1e6)
                 await asyncio.sleep(generate_s)  # the stream generating its reply before its next request
 
@@ -214,33 +219,37 @@ def bench_classifier(
             for i in range(1, len(turns)):
                 clf.judge_turns(turns[:i], cfg.context_turns)
 
-    t_off: list[float] = []
-    t_on: list[dict[str, list[float]]] = [{"new": [], "seen": []} for _ in ons]
-    for _ in range(rounds):  # interleaved: every filter sees the same background load
-        for history in ("new", "seen"):
-            t_off += asyncio.run(run(off))
-            for on, times in zip(ons, t_on, strict=True):
-                clf = on.harm.classifier
-                assert clf is not None
-                clf.forget_turns()  # "new": each conversation is new to the gateway, every turn of it is embedded
-                if history == "seen":
-                    history_seen(clf)
-                times[history] += asyncio.run(run(on))
-    p_off = percentiles(t_off)
-    print(f"  filter-off (rules + toxicity)      {fmt(p_off)}")
+    t_off: dict[int, list[float]] = {k: [] for k in prepare_threads}
+    t_on: dict[int, list[dict[str, list[float]]]] = {k: [{"new": [], "seen": []} for _ in ons] for k in prepare_threads}
+    for r in range(rounds):  # interleaved: every setting sees the same background load, in turn first
+        for threads in prepare_threads if r % 2 == 0 else prepare_threads[::-1]:
+            for history in ("new", "seen"):
+                t_off[threads] += asyncio.run(run(off, threads))
+                for on, times in zip(ons, t_on[threads], strict=True):
+                    clf = on.harm.classifier
+                    assert clf is not None
+                    clf.forget_turns()  # "new": each conversation is new to the gateway, every turn of it embedded
+                    if history == "seen":
+                        history_seen(clf)
+                    times[history] += asyncio.run(run(on, threads))
     met = True
-    for folder, on, times in zip(folders, ons, t_on, strict=True):
-        print(f"  classifier {folder}")
-        for history, label in (("new", "history new to it"), ("seen", "history judged before")):
-            p_on = percentiles(times[history])
-            added = {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
-            ok = added["p50"] <= 5.0 and added["p99"] <= 10.0
-            met = met and ok
-            print(f"  with the classifier, {label:22} {fmt(p_on)}")
-            print(
-                f"    added                            p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
-                f"p50 <= 5 ms and p99 <= 10 ms {'met' if ok else 'NOT met'}"
-            )
+    for threads in prepare_threads:
+        p_off = percentiles(t_off[threads])
+        print(f"  preparing threads: {threads or 'shared pool (anyio, 40)'}")
+        print(f"  filter-off (rules + toxicity)      {fmt(p_off)}")
+        for folder, times in zip(folders, t_on[threads], strict=True):
+            print(f"  classifier {folder}")
+            for history, label in (("new", "history new to it"), ("seen", "history judged before")):
+                p_on = percentiles(times[history])
+                added = {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
+                ok = added["p50"] <= 5.0 and added["p99"] <= 10.0
+                met = met and ok
+                print(f"  with the classifier, {label:22} {fmt(p_on)}")
+                print(
+                    f"    added                            p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
+                    f"p50 <= 5 ms and p99 <= 10 ms {'met' if ok else 'NOT met'}"
+                )
+    for on in ons:
         print_blocks(conversations, on)
     return met
 
@@ -270,6 +279,9 @@ def print_blocks(conversations: list[tuple[str, list[dict[str, str]]]], on: Clas
 
 
 def main() -> int:
+    from core.machine import available_cpus
+    from serving.config import ServingConfig
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=2000, help="conversations for the pre-filter")
     parser.add_argument("--library-prompts", type=int, default=300, help="of those, run with ProfanityScorer too")
@@ -283,6 +295,14 @@ def main() -> int:
     )
     parser.add_argument("--streams", type=int, default=32, help="concurrent requests for --classifier")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved off/on rounds for --classifier")
+    parser.add_argument(
+        "--prepare-threads",
+        type=int,
+        nargs="+",
+        default=[ServingConfig().prepare_threads or max(2, available_cpus())],
+        help="--classifier: worker threads preparing requests, as the gateway's prepare_threads (default: its "
+        "default on this machine); 0: anyio's shared pool, as before 2026-11-29; several: each, interleaved",
+    )
     parser.add_argument(
         "--generate-ms",
         type=float,
@@ -308,7 +328,12 @@ def main() -> int:
     ok = p99 <= TARGET_MS
     if args.classifier:
         print(f"\nsafety classifier: {args.streams} concurrent streams, {args.rounds} rounds")
-        ok = bench_classifier(conversations, args.classifier, args.streams, args.rounds, args.generate_ms) and ok
+        ok = (
+            bench_classifier(
+                conversations, args.classifier, args.streams, args.rounds, args.generate_ms, args.prepare_threads
+            )
+            and ok
+        )
     return 0 if ok else 1
 
 

@@ -325,8 +325,8 @@ class ServingConfig(StrictModel):
         description="Worker threads that prepare requests (chat template and tokenization, then the pre-filter: "
         "rules, toxicity scorer, safety classifier) at once; null: the CPUs this process may use, at least 2. "
         "Requests beyond it wait their turn in order rather than contend for the cores and Python's GIL: at 32 "
-        "streams on 2 cores that halves the safety classifier's added p99 (docs/results.md, 'The pre-filter's own "
-        "threads').",
+        "streams on 2 cores the safety classifier's added p99 is lower and steadier (docs/results.md, 'The "
+        "pre-filter's own threads').",
     )
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Who may read GET /metrics.")
     brownout: BrownoutConfig = Field(default_factory=BrownoutConfig, description="Load shedding.")

@@ -279,7 +279,6 @@ def print_blocks(conversations: list[tuple[str, list[dict[str, str]]]], on: Clas
 
 
 def main() -> int:
-    from core.machine import available_cpus
     from serving.config import ServingConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -299,7 +298,7 @@ def main() -> int:
         "--prepare-threads",
         type=int,
         nargs="+",
-        default=[ServingConfig().prepare_threads or max(2, available_cpus())],
+        default=[ServingConfig().preparing_threads()],
         help="--classifier: worker threads preparing requests, as the gateway's prepare_threads (default: its "
         "default on this machine); 0: anyio's shared pool, as before 2026-11-29; several: each, interleaved",
     )

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from core.config import StrictModel
+from core.machine import available_cpus
 
 # the pre-filter's answer to a self-harm request the classifier blocks: support and where to find help, no method
 SELF_HARM_SUPPORT = (
@@ -342,6 +343,10 @@ class ServingConfig(StrictModel):
         description="Fault injection for rollout drills and tests (like Envoy's fault filter): latency added to "
         "the answers of named versions. Empty in production.",
     )
+
+    def preparing_threads(self) -> int:
+        """``prepare_threads``, or its default on this machine: the CPUs this process may use, at least 2."""
+        return self.prepare_threads or max(2, available_cpus())
 
     @model_validator(mode="after")
     def _caps(self) -> ServingConfig:

@@ -46,7 +46,6 @@ from typing import Any
 import anyio
 
 from core.errors import NotFoundError
-from core.machine import available_cpus
 from serving.config import ServingConfig
 from serving.engines.engine import Engine, EngineDead, GenerationRequest, close_stream
 from serving.engines.faults import Faults
@@ -111,8 +110,7 @@ class Gateway:
         self._recording: dict[str, asyncio.Task[None]] = {}  # request id -> its record write, while it runs
         # one tokenization at a time: a fast tokenizer's Rust state is not safe under concurrent calls
         self.tokenizing = threading.Lock()
-        # the threads that prepare requests (template, tokens, pre-filter): the rest wait here, in order
-        self.preparing = anyio.CapacityLimiter(cfg.prepare_threads or max(2, available_cpus()))
+        self.preparing = anyio.CapacityLimiter(cfg.preparing_threads())  # template, tokens, pre-filter; others wait
 
     # --- the steps ------------------------------------------------------------------------------------------
 
@@ -201,11 +199,8 @@ class Gateway:
         fitted, verdict = await anyio.to_thread.run_sync(
             self._fit_and_judge, engine, history + new_messages, req, limiter=self.preparing
         )
-        max_tokens = (
-            min(fitted.max_tokens, brownout.max_tokens)
-            if brownout.active and brownout.max_tokens
-            else fitted.max_tokens
-        )
+        cap = brownout.max_tokens if brownout.active else None
+        max_tokens = min(fitted.max_tokens, cap) if cap else fitted.max_tokens
         call = Call(
             request_id,
             started,

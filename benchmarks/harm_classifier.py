@@ -137,6 +137,8 @@ def tokenizing(clf: HarmClassifier, texts: list[str], repeat: int) -> dict[str, 
     """A windowed encoder version's token ids of long turns (``long_turns``' documents) from the text's two ends
     (``EncoderEmbedder.ids``) against tokenizing the whole text and cutting its head and tail (as before
     2026-11-29), interleaved text by text on one thread: ms per turn, the ratio, and whether the ids agree."""
+    import numpy as np
+
     from core.harm import EncoderEmbedder, _WordPieces
 
     e = clf.embedder
@@ -153,7 +155,7 @@ def tokenizing(clf: HarmClassifier, texts: list[str], repeat: int) -> dict[str, 
             whole = e.head_and_tail(_WordPieces.ids(e, text), n)
             ends_ms += mid - start
             whole_ms += time.perf_counter() - mid
-            same = same and bool((ends == whole).all()) and len(ends) == len(whole)
+            same = same and np.array_equal(ends, whole)
     per = 1e3 / (repeat * len(texts))
     return {
         "whole_ms": round(whole_ms * per, 4),

@@ -157,13 +157,17 @@ class EncoderEmbedder(_WordPieces):
         cls_sep: tuple[int, int],
         onnx_model: bytes | None = None,
         window: int | None = None,
+        disabled_optimizers: tuple[str, ...] = (),
     ) -> None:
         if window is not None and not MIN_WINDOW <= window <= ENCODER_MAX_TOKENS:
             raise ValueError(f"encoder window {window}: between {MIN_WINDOW} and {ENCODER_MAX_TOKENS} tokens")
         self.window = window
-        # the layers in NumPy from ``weights``, or in ONNX Runtime from ``onnx_model`` (``weights``: the word table)
+        # the layers in NumPy from ``weights``, or in ONNX Runtime from ``onnx_model`` (``weights``: the word table),
+        # run without the graph optimizers the version was scored without (``core.minilm_onnx.DISABLED_OPTIMIZERS``)
         self.encoder: MiniLmEncoder | OnnxMiniLm = (
-            MiniLmEncoder(weights, layers) if onnx_model is None else OnnxMiniLm(onnx_model, weights[WORD], layers)
+            MiniLmEncoder(weights, layers)
+            if onnx_model is None
+            else OnnxMiniLm(onnx_model, weights[WORD], layers, disabled_optimizers)
         )
         # no id skipped: the encoder reads what MiniLM's tokenizer makes of the text
         super().__init__(tokenizer_json, self.encoder.word.shape[0], ())
@@ -415,6 +419,8 @@ class HarmClassifier:
             if isinstance(e.encoder, OnnxMiniLm):
                 (folder / ONNX_FILE).write_bytes(e.encoder.model)
                 described["encoder_runtime"] = e.encoder.runtime
+                if e.encoder.disabled_optimizers:
+                    described["onnx_disabled_optimizers"] = list(e.encoder.disabled_optimizers)
             arrays = {
                 **head,
                 "cls_sep": np.array(e.cls_sep),
@@ -438,7 +444,7 @@ class HarmClassifier:
         }
         if self.screen is None:
             meta.pop("screen", None)
-        for key in ("encoder_runtime", "encoder_window"):
+        for key in ("encoder_runtime", "encoder_window", "onnx_disabled_optimizers"):
             if key not in described:
                 meta.pop(key, None)
         self.meta = meta
@@ -475,6 +481,7 @@ class HarmClassifier:
                     (cls_id, sep_id),
                     onnx_model,
                     None if window is None else int(window),
+                    tuple(str(o) for o in meta.get("onnx_disabled_optimizers", ())),
                 )
                 if "screen_coef" in w.files:  # a version trained before the cascade has none
                     described = {k: v for k, v in meta["screen"].items() if k != "threshold"}

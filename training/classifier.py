@@ -39,7 +39,7 @@ from core.harm import (
 )
 from core.hashing import sha256_file, sha256_files, sha256_text
 from core.minilm import HIDDEN, param_names, unit_rows
-from core.minilm_onnx import RUNTIME, WORD
+from core.minilm_onnx import DISABLED_OPTIMIZERS, RUNTIME, WORD
 from training.classifier_config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
 from training.data.snapshot import Snapshot
@@ -167,7 +167,9 @@ def as_onnx_int8(clf: HarmClassifier) -> HarmClassifier:
         raise TypeError("an ONNX encoder needs the encoder features")
     source, layers = e.encoder.source, e.encoder.layers
     model = export_int8(source, layers)
-    onnx = EncoderEmbedder(e.tokenizer_json, {WORD: source[WORD]}, layers, e.cls_sep, model, e.window)
+    onnx = EncoderEmbedder(
+        e.tokenizer_json, {WORD: source[WORD]}, layers, e.cls_sep, model, e.window, DISABLED_OPTIMIZERS
+    )
     coef, intercept = clf.coef_t.T.astype(np.float64), clf.intercept.astype(np.float64)
     # the runtime that scored it: the verdicts were measured with this version's int8 kernels
     meta = {**clf.meta, "onnxruntime": onnxruntime.__version__}

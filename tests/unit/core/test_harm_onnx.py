@@ -14,7 +14,7 @@ import pytest
 from support.harm_fixture import TEXTS, TOY_RECORDS
 
 from core.harm import ONNX_FILE, EncoderEmbedder, HarmClassifier
-from core.minilm_onnx import WORD, OnnxMiniLm
+from core.minilm_onnx import DISABLED_OPTIMIZERS, LEGACY_MASK, WORD, OnnxMiniLm
 from training.classifier import encoder_weights, fit
 from training.classifier_config import SafetyClassifierConfig
 
@@ -65,13 +65,18 @@ def test_a_trained_folder_carries_the_graph_and_serves_what_training_scored(tmp_
     folder = clf.save(tmp_path / "v", {"snapshot": "test"})
     meta = json.loads((folder / "classifier.json").read_text())
     assert meta["encoder_runtime"] == "onnx-int8" and meta["encoder_layers"] == 2
+    # the optimizers its threshold was chosen without, so the gateway runs the graph as training scored it
+    assert meta["onnx_disabled_optimizers"] == list(DISABLED_OPTIMIZERS)
     assert meta["onnxruntime"] == __import__("onnxruntime").__version__  # which kernels scored it
     graph = __import__("onnx").load(str(folder / ONNX_FILE))
     # the standard operator set only: loading a registered version runs no custom operator's code
     assert {n.domain for n in graph.graph.node} == {""} and "MatMulInteger" in {n.op_type for n in graph.graph.node}
+    assert [i.name for i in graph.graph.input] == ["ids"]  # one unpadded sequence a run: no mask arithmetic
     with np.load(folder / "weights.npz") as w:  # the graph holds the layers; the folder keeps the table for the screen
         assert WORD in w.files and not [n for n in w.files if n.startswith("encoder.layer.")]
     back = HarmClassifier.load(folder, version="3")
+    assert isinstance(back.embedder, EncoderEmbedder) and isinstance(back.embedder.encoder, OnnxMiniLm)
+    assert back.embedder.encoder.disabled_optimizers == DISABLED_OPTIMIZERS
     texts = [r["text"] for r in TOY_RECORDS]
     np.testing.assert_array_equal(back.probabilities(texts), clf.probabilities(texts))
     assert back.scores(["how do I build a pipe bomb"])[0].category == "weapons"
@@ -91,3 +96,20 @@ def test_an_unknown_encoder_runtime_is_refused(tmp_path: Path) -> None:
     (folder / "classifier.json").write_text(json.dumps({**meta, "encoder_runtime": "tensorrt"}))
     with pytest.raises(ValueError, match="unknown encoder runtime 'tensorrt'"):
         HarmClassifier.load(folder)
+
+
+def test_the_disabled_fusion_is_what_a_version_is_run_with_and_a_graph_with_a_mask_still_runs() -> None:
+    import onnx
+
+    e, g = _numpy(), _onnx(quantize=True)
+    seqs = [g.framed(g.ids(t)) for t in TEXTS]  # what the encoder reads: [CLS] ids [SEP]
+    graph = g.encoder.model
+    fused, unfused = (OnnxMiniLm(graph, e.encoder.word, 2, d) for d in ((), DISABLED_OPTIMIZERS))
+    # the two sessions differ in the last bits at least: which one a version runs is not a matter of taste
+    assert not np.array_equal(fused.sum_many(seqs), unfused.sum_many(seqs))
+    np.testing.assert_allclose(fused.sum_many(seqs), unfused.sum_many(seqs), rtol=0.1, atol=0.5)
+    # a graph exported before 2026-11-29 also declares an attention mask; it is fed all ones and scores the same
+    legacy = onnx.load_from_string(graph)
+    legacy.graph.input.append(onnx.helper.make_tensor_value_info(LEGACY_MASK, onnx.TensorProto.INT64, ["b", "t"]))
+    old = OnnxMiniLm(legacy.SerializeToString(), e.encoder.word, 2, DISABLED_OPTIMIZERS)
+    np.testing.assert_array_equal(old.sum_many(seqs), unfused.sum_many(seqs))

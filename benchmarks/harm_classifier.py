@@ -6,13 +6,14 @@ Latency: ``judge_turns`` (what the gateway's pre-filter calls) on one thread, pe
 prompt by prompt over the human slice and the test split's prompts (``--repeat`` passes), p50 and p99 of each and the
 candidate/baseline ratio; once with one user turn per request, once with ``--turns`` consecutive prompts as one
 conversation's turns (the newest judged alone and all joined; the earlier turns kept from the requests before, as in a
-chat), and once with no turn kept (a conversation the gateway sees first mid-way). Catch: blocked counts per kind and
-harm category (Wilson 95% interval) on the hand-written human slice (``evals/harm_human.yaml``) and, with
-``--snapshot``, on a harm snapshot's test split and its external slice (prompts written by people, never trained
-on: ``training.data.harm_packaged``), those also by source, and the test split's prompts inside pasted documents
-(``long_turns``: at a document's start, middle or end; and what tokenizing such a turn costs by its ends against
-whole); ``--prompt-set NAME`` scores a packaged set whole. Each
-version uses the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
+chat), once with no turn kept (a conversation the gateway sees first mid-way), and, with ``--snapshot``, once with
+one pasted ~1500-character turn a request (the encoder reads its full window: the gateway's slowest requests).
+Catch: blocked counts per kind and harm category (Wilson 95% interval) on the hand-written human slice
+(``evals/harm_human.yaml``) and, with ``--snapshot``, on a harm snapshot's test split and its external slice
+(prompts written by people, never trained on: ``training.data.harm_packaged``), those also by source, and the test
+split's prompts inside pasted documents (``long_turns``: at a document's start, middle or end; and what tokenizing
+such a turn costs by its ends against whole); ``--prompt-set NAME`` scores a packaged set whole. Each version uses
+the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
 ``core.harm``)."""
 
 from __future__ import annotations
@@ -208,25 +209,28 @@ def main() -> None:
             report[f"{name}/external"] = catch(clf, external)
         for set_name in args.prompt_set:
             report[f"{name}/{set_name}"] = catch(clf, load_prompt_set(set_name, args.packages).records)
-    if long:
-        pasted = [t for case, texts in long.items() if "1500" in case for t in texts]
+    pasted = [t for case, texts in long.items() if "1500" in case for t in texts]
+    if pasted:
         report["tokenizing_long_turns_one_thread"] = tokenizing(clfs["candidate"], pasted, args.repeat)
     texts = [r["text"] for r in human + test]
-    rows = (
-        ("one_turn", 1, True),
-        (f"{args.turns}_turns", args.turns, True),
-        (f"{args.turns}_turns_unseen", args.turns, False),
-    )
-    for key, turns, seen in rows:
-        lat = latency(clfs, texts, args.repeat, turns, seen)
+    rows = [
+        ("one_turn", texts, 1, True),
+        (f"{args.turns}_turns", texts, args.turns, True),
+        (f"{args.turns}_turns_unseen", texts, args.turns, False),
+    ]
+    if pasted:  # one pasted ~1500-character turn a request: the encoder reads a full window (the gateway's tail)
+        rows.append(("pasted_turn", pasted, 1, True))
+    for key, row_texts, turns, seen in rows:
+        lat = latency(clfs, row_texts, args.repeat, turns, seen)
         report[f"latency_one_thread/{key}"] = lat
         report[f"ratio_candidate_to_baseline/{key}"] = {
             k: round(lat["candidate"][k] / lat["baseline"][k], 3) for k in ("p50_ms", "p99_ms")
         }
     # what keeping a conversation's turns saves: in conversation order against the same requests with none kept
-    seen, unseen = (report[f"latency_one_thread/{args.turns}_turns{s}"] for s in ("", "_unseen"))
+    kept: dict[str, dict[str, float]] = report[f"latency_one_thread/{args.turns}_turns"]  # type: ignore[assignment]
+    none: dict[str, dict[str, float]] = report[f"latency_one_thread/{args.turns}_turns_unseen"]  # type: ignore[assignment]
     report[f"ratio_kept_turns_to_none/{args.turns}_turns"] = {
-        name: {k: round(seen[name][k] / unseen[name][k], 3) for k in ("p50_ms", "p99_ms")} for name in clfs
+        name: {k: round(kept[name][k] / none[name][k], 3) for k in ("p50_ms", "p99_ms")} for name in clfs
     }
     print(json.dumps(report, indent=2))
 

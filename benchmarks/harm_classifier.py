@@ -220,15 +220,15 @@ def main() -> None:
     ]
     if pasted:  # one pasted ~1500-character turn a request: the encoder reads a full window (the gateway's tail)
         rows.append(("pasted_turn", pasted, 1, True))
+    lats: dict[str, dict[str, dict[str, float]]] = {}
     for key, row_texts, turns, seen in rows:
-        lat = latency(clfs, row_texts, args.repeat, turns, seen)
+        lat = lats[key] = latency(clfs, row_texts, args.repeat, turns, seen)
         report[f"latency_one_thread/{key}"] = lat
         report[f"ratio_candidate_to_baseline/{key}"] = {
             k: round(lat["candidate"][k] / lat["baseline"][k], 3) for k in ("p50_ms", "p99_ms")
         }
     # what keeping a conversation's turns saves: in conversation order against the same requests with none kept
-    kept: dict[str, dict[str, float]] = report[f"latency_one_thread/{args.turns}_turns"]  # type: ignore[assignment]
-    none: dict[str, dict[str, float]] = report[f"latency_one_thread/{args.turns}_turns_unseen"]  # type: ignore[assignment]
+    kept, none = lats[f"{args.turns}_turns"], lats[f"{args.turns}_turns_unseen"]
     report[f"ratio_kept_turns_to_none/{args.turns}_turns"] = {
         name: {k: round(kept[name][k] / none[name][k], 3) for k in ("p50_ms", "p99_ms")} for name in clfs
     }

@@ -108,7 +108,7 @@ def test_the_disabled_fusion_is_what_a_version_is_run_with_and_a_graph_with_a_ma
     # the two sessions differ in the last bits at least: which one a version runs is not a matter of taste
     assert not np.array_equal(fused.sum_many(seqs), unfused.sum_many(seqs))
     np.testing.assert_allclose(fused.sum_many(seqs), unfused.sum_many(seqs), rtol=0.1, atol=0.5)
-    # a graph exported before 2026-11-29 also declares an attention mask; it is fed all ones and scores the same
+    # a graph exported before 2026-11-29 also declares an attention mask: it is fed one (all ones), and the run works
     legacy = onnx.load_from_string(graph)
     legacy.graph.input.append(onnx.helper.make_tensor_value_info(LEGACY_MASK, onnx.TensorProto.INT64, ["b", "t"]))
     old = OnnxMiniLm(legacy.SerializeToString(), e.encoder.word, 2, DISABLED_OPTIMIZERS)

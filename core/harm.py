@@ -347,8 +347,8 @@ class HarmClassifier:
         were the newest of earlier requests, and what was computed of them is kept (the last ``TURN_CACHE``
         turns, by a digest of their text). With a screen, each of the two is scored by it first and goes on to
         the encoder only when it reaches the screen's threshold: the earlier turns' passes are run only for a
-        joined request the screen is unsure of, so a conversation new to this gateway (none of its turns kept)
-        usually waits for its newest turn's pass alone. The encoder's attention stays within a turn."""
+        joined request the screen is unsure of and a newest turn that does not block alone (the block stands
+        either way, so its score is then the newest turn's). The encoder's attention stays within a turn."""
         kept = self._kept(turns[-context:])
         groups = [kept[-1:], kept] if len(kept) > 1 else [kept]
         judged: list[HarmScore] = []
@@ -360,6 +360,8 @@ class HarmClassifier:
                     judged.append(replace(first, screened=True))
                     continue
             judged.append(self._judge_sums(self._encoder_sums(group).sum(axis=0, keepdims=True)))
+            if self.blocks(judged[-1]):
+                break
         return max(judged, key=lambda s: s.score)
 
     def _judge_sums(self, sums: NDArray[np.float32], screen: Screen | None = None) -> HarmScore:

@@ -176,11 +176,8 @@ def test_judge_turns_takes_the_more_harmful_of_newest_and_joined() -> None:
     assert clf.judge_turns(turns, context=1).score == pytest.approx(newest.score, abs=1e-6)
 
 
-def test_a_conversations_earlier_turns_are_embedded_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    clf = _toy_classifier()
-    clf.forget_turns()
-    conversation = ["I have a question about chemistry class.", "how do I build a pipe bomb", "and the weather?"]
-    cold = [clf.judge_turns(conversation[: i + 1], context=3) for i in range(3)]
+def _count_passes(monkeypatch: pytest.MonkeyPatch, clf: HarmClassifier) -> list[int]:
+    """The number of turns in each encoder call ``clf`` makes from here on."""
     embedded: list[int] = []
     sums = clf.embedder.sums
 
@@ -189,6 +186,15 @@ def test_a_conversations_earlier_turns_are_embedded_once(monkeypatch: pytest.Mon
         return sums(seqs)
 
     monkeypatch.setattr(clf.embedder, "sums", counted)
+    return embedded
+
+
+def test_a_conversations_earlier_turns_are_embedded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    clf = _toy_classifier()
+    clf.forget_turns()
+    conversation = ["I have a question about chemistry class.", "how do I build a pipe bomb", "and the weather?"]
+    cold = [clf.judge_turns(conversation[: i + 1], context=3) for i in range(3)]
+    embedded = _count_passes(monkeypatch, clf)
     clf.forget_turns()
     warm = [clf.judge_turns(conversation[: i + 1], context=3) for i in range(3)]
     assert embedded == [1, 1, 1]  # each request embeds only its newest turn
@@ -199,6 +205,25 @@ def test_a_conversations_earlier_turns_are_embedded_once(monkeypatch: pytest.Mon
     clf.judge_turns(["one more new turn"], context=1)
     clf.judge_turns(["I have a question about chemistry class."], context=1)
     assert embedded == [1, 1, 1, 1, 1, 1]
+
+
+def test_a_newest_turn_that_blocks_alone_is_final_and_its_earlier_turns_are_not_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clf = _toy_classifier()
+    turns = ["I have a question about chemistry class.", "and about the weather", "how do I build a pipe bomb"]
+    alone, split = clf.judge([turns[-1]]), clf.judge(["pipe bomb, and the weather?"])
+    clf.forget_turns()
+    embedded = _count_passes(monkeypatch, clf)
+    got = clf.judge_turns(turns, context=3)
+    assert clf.blocks(got) and got.category == alone.category == "weapons"
+    assert got.score == pytest.approx(alone.score, abs=1e-6)
+    assert embedded == [1]  # the newest turn's pass alone: the joined one could not undo the block
+    clf.forget_turns()
+    embedded.clear()
+    joined = clf.judge_turns(["how do I build a", "pipe bomb, and the weather?"], context=2)
+    assert embedded == [1, 1]  # a newest turn that passes alone: its earlier turn is run for the joined request
+    assert joined.score >= split.score
 
 
 def test_fit_embeds_with_the_weights_the_folder_serves(tmp_path: Path) -> None:
@@ -264,20 +289,13 @@ def test_the_screen_passes_what_it_is_sure_of_and_the_encoder_judges_the_rest(mo
     assert first[cats] < clf.screen.threshold <= first[bomb]  # type: ignore[union-attr]
     plain.forget_turns()
     want_judged, want = plain.judge_turns([cats, bomb], context=3), plain.scores([cats, bomb, "hi"])
-    embedded: list[int] = []  # (both share one embedder: counted from here on)
-    sums = clf.embedder.sums
-
-    def counted(seqs: list[np.ndarray]) -> np.ndarray:
-        embedded.append(len(seqs))
-        return sums(seqs)
-
-    monkeypatch.setattr(clf.embedder, "sums", counted)
+    embedded = _count_passes(monkeypatch, clf)  # (both share one embedder: counted from here on)
     passed = clf.judge_turns([cats], context=3)
     assert passed.screened and not clf.blocks(passed) and passed.score == pytest.approx(first[cats], abs=1e-6)
     assert embedded == []  # no encoder pass for a prompt the screen is sure of
     judged = clf.judge_turns([cats, bomb], context=3)
     assert not judged.screened and clf.blocks(judged) and judged.category == "weapons"
-    assert embedded == [1, 1]  # the screen was unsure of the joined request too: the kept turn's pass ran as well
+    assert embedded == [1]  # the newest turn blocks alone: the kept turn's pass is not run for the joined request
     assert judged.score == pytest.approx(want_judged.score, abs=1e-6)
     # a joined request the screen is sure of costs no pass for the earlier turns (a conversation new to the gateway)
     chatter = "tell me a joke about cats and dogs and the weather in spring with my friends " * 4

@@ -259,6 +259,59 @@ def finetune_encoder(
         torch.set_num_threads(threads)
 
 
+def prune_feed_forward(
+    source: Mapping[str, NDArray[Any]], layers: int, keep: int, seqs: list[NDArray[np.int64]], seed: int
+) -> dict[str, NDArray[Any]]:
+    """``source`` with each layer's feed-forward cut to the ``keep`` neurons that matter most: by the mean
+    |activation| (after GELU) over the tokens of up to 1024 of ``seqs`` (a seeded sample), times the norm of the
+    neuron's output weights (what it can add to the residual stream). The rest of ``source`` is unchanged."""
+    import torch
+
+    from training.onnx_encoder import bert_model
+
+    bert = bert_model(source, layers)
+    width = bert.config.intermediate_size
+    if keep >= width:
+        return dict(source)
+    sample = np.random.default_rng(seed).permutation(len(seqs))[:1024]
+    totals = [torch.zeros(width) for _ in range(layers)]
+    tokens = 0
+    mask: torch.Tensor | None = None
+
+    def hook(i: int) -> Any:
+        def record(_module: Any, _inputs: Any, out: torch.Tensor) -> None:
+            assert mask is not None
+            totals[i] += (out.abs() * mask[..., None]).sum((0, 1))
+
+        return record
+
+    handles = [bert.encoder.layer[i].intermediate.register_forward_hook(hook(i)) for i in range(layers)]
+    try:
+        with torch.no_grad():
+            for start in range(0, len(sample), 64):
+                idx = sample[start : start + 64]
+                ids = torch.zeros((len(idx), max(len(seqs[i]) for i in idx)), dtype=torch.long)
+                mask = torch.zeros_like(ids, dtype=torch.float32)
+                for row, i in enumerate(idx):
+                    ids[row, : len(seqs[i])] = torch.from_numpy(seqs[i])
+                    mask[row, : len(seqs[i])] = 1
+                bert(input_ids=ids, attention_mask=mask.long())
+                tokens += int(mask.sum())
+    finally:
+        for h in handles:
+            h.remove()
+    out = dict(source)
+    for i in range(layers):
+        pre = f"encoder.layer.{i}."
+        down = np.asarray(source[pre + "output.dense.weight"])  # (384, width)
+        importance = totals[i].numpy() / max(tokens, 1) * np.linalg.norm(down.astype(np.float32), axis=0)
+        kept = np.sort(np.argsort(-importance, kind="stable")[:keep])
+        out[pre + "intermediate.dense.weight"] = np.asarray(source[pre + "intermediate.dense.weight"])[kept]
+        out[pre + "intermediate.dense.bias"] = np.asarray(source[pre + "intermediate.dense.bias"])[kept]
+        out[pre + "output.dense.weight"] = down[:, kept]
+    return out
+
+
 def _finetune(
     cfg: SafetyClassifierConfig,
     clf: HarmClassifier,
@@ -272,13 +325,15 @@ def _finetune(
 
     torch.manual_seed(cfg.seed)
     source = embedder.encoder.source
+    seqs = [embedder.framed(embedder.ids(r["text"])) for r in records]
+    if cfg.finetune_feed_forward is not None:
+        source = prune_feed_forward(source, embedder.encoder.layers, cfg.finetune_feed_forward, seqs, cfg.seed)
     bert = bert_model(source, embedder.encoder.layers)
     bert.embeddings.word_embeddings.weight.requires_grad_(cfg.finetune_word_embeddings)
     head = torch.nn.Linear(HIDDEN, len(clf.labels))
     with torch.no_grad():
         head.weight.copy_(torch.from_numpy(clf.coef_t.T.copy()))
         head.bias.copy_(torch.from_numpy(clf.intercept.copy()))
-    seqs = [embedder.framed(embedder.ids(r["text"])) for r in records]
     labels = torch.tensor([clf.labels.index(r["label"]) for r in records])
     sample_weights = torch.tensor(weights / weights.mean(), dtype=torch.float32)
     batch = cfg.finetune_batch_size

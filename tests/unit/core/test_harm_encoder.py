@@ -15,6 +15,7 @@ from support.harm_fixture import TEXTS, TOY_RECORDS
 
 from core.harm import ENCODER_FORMAT, ENCODER_MAX_TOKENS, EncoderEmbedder, HarmClassifier, HarmScore, Screen
 from core.minilm import MiniLmEncoder, unit_rows
+from core.minilm_onnx import OnnxMiniLm
 from training.classifier import encoder_weights, fit, fit_screen, minilm_folder
 from training.classifier_config import SafetyClassifierConfig
 from training.data.harm_synth import LABELS
@@ -350,3 +351,36 @@ def test_fit_screen_cuts_below_every_validation_block() -> None:
     assert [plain.blocks(s) for s in cascade] == [s >= plain.threshold for s in scores]  # no verdict changed
     plain.threshold = 1.1  # nothing blocked: nothing to place the cut by
     assert fit_screen(cfg, plain, TOY_RECORDS, TOY_RECORDS, scores) is None
+
+
+def test_pruning_the_feed_forward_keeps_the_neurons_that_matter_and_the_folder_serves_the_cut_layers(
+    tmp_path: Path,
+) -> None:
+    from training.classifier import prune_feed_forward
+
+    tokenizer_json, weights, cls_sep = encoder_weights(1)
+    e = EncoderEmbedder(tokenizer_json, weights, 1, cls_sep)
+    seqs = [e.framed(e.ids(t)) for t in TEXTS]
+    source = dict(e.encoder.source)
+    down = "encoder.layer.0.output.dense.weight"
+    silent = np.arange(0, 1536, 3)  # a third of the neurons can add nothing to the residual stream
+    source[down] = np.asarray(source[down]).copy()
+    source[down][:, silent] = 0
+    cut = prune_feed_forward(source, 1, 768, seqs, seed=0)
+    assert cut["encoder.layer.0.intermediate.dense.weight"].shape == (768, 384)
+    assert cut["encoder.layer.0.intermediate.dense.bias"].shape == (768,)
+    assert cut[down].shape == (384, 768)
+    assert np.count_nonzero(np.abs(cut[down]).sum(0) == 0) == 0  # none of the silent ones kept
+    unchanged = [n for n in source if "intermediate" not in n and n != down]
+    assert all(np.array_equal(cut[n], source[n]) for n in unchanged)
+
+    records = TOY_RECORDS
+    cfg = SafetyClassifierConfig(features="encoder", encoder_layers=1, finetune_epochs=2, finetune_feed_forward=96)
+    clf = fit(cfg, records)  # the int8 ONNX runtime, as served
+    back = HarmClassifier.load(clf.save(tmp_path / "v"))
+    texts = [r["text"] for r in records]
+    np.testing.assert_array_equal(back.probabilities(texts), clf.probabilities(texts))
+    onnx = pytest.importorskip("onnx")
+    assert isinstance(back.embedder, EncoderEmbedder) and isinstance(back.embedder.encoder, OnnxMiniLm)
+    dims = [tuple(i.dims) for i in onnx.load_from_string(back.embedder.encoder.model).graph.initializer]
+    assert (384, 96) in dims and (96, 384) in dims and not any(1536 in d for d in dims)  # the cut layers are served

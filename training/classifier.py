@@ -259,6 +259,18 @@ def finetune_encoder(
         torch.set_num_threads(threads)
 
 
+def _padded(seqs: list[NDArray[np.int64]], idx: NDArray[np.int64]) -> tuple[Any, Any]:
+    """``seqs[idx]`` as one batch: token ids padded with 0 and the attention mask (torch long tensors)."""
+    import torch
+
+    ids = torch.zeros((len(idx), max(len(seqs[i]) for i in idx)), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, i in enumerate(idx):
+        ids[row, : len(seqs[i])] = torch.from_numpy(seqs[i])
+        mask[row, : len(seqs[i])] = 1
+    return ids, mask
+
+
 def prune_feed_forward(
     source: Mapping[str, NDArray[Any]], layers: int, keep: int, seqs: list[NDArray[np.int64]], seed: int
 ) -> dict[str, NDArray[Any]]:
@@ -281,7 +293,7 @@ def prune_feed_forward(
     def hook(i: int) -> Any:
         def record(_module: Any, _inputs: Any, out: torch.Tensor) -> None:
             assert mask is not None
-            totals[i] += (out.abs() * mask[..., None]).sum((0, 1))
+            totals[i] += (out.abs() * mask[..., None].float()).sum((0, 1))
 
         return record
 
@@ -289,13 +301,8 @@ def prune_feed_forward(
     try:
         with torch.no_grad():
             for start in range(0, len(sample), 64):
-                idx = sample[start : start + 64]
-                ids = torch.zeros((len(idx), max(len(seqs[i]) for i in idx)), dtype=torch.long)
-                mask = torch.zeros_like(ids, dtype=torch.float32)
-                for row, i in enumerate(idx):
-                    ids[row, : len(seqs[i])] = torch.from_numpy(seqs[i])
-                    mask[row, : len(seqs[i])] = 1
-                bert(input_ids=ids, attention_mask=mask.long())
+                ids, mask = _padded(seqs, sample[start : start + 64])
+                bert(input_ids=ids, attention_mask=mask)
                 tokens += int(mask.sum())
     finally:
         for h in handles:
@@ -357,12 +364,7 @@ def _finetune(
             if step >= steps:
                 break
             idx = order[start : start + batch]
-            width = max(len(seqs[i]) for i in idx)
-            ids = torch.zeros((len(idx), width), dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for row, i in enumerate(idx):
-                ids[row, : len(seqs[i])] = torch.from_numpy(seqs[i])
-                mask[row, : len(seqs[i])] = 1
+            ids, mask = _padded(seqs, idx)
             hidden = bert(input_ids=ids, attention_mask=mask).last_hidden_state
             pooled = torch.nn.functional.normalize((hidden * mask[..., None]).sum(1), dim=-1)
             loss = torch.nn.functional.cross_entropy(head(pooled), labels[idx], reduction="none")

@@ -324,10 +324,11 @@ class ServingConfig(StrictModel):
         None,
         ge=1,
         description="Worker threads that prepare requests (chat template and tokenization, then the pre-filter: "
-        "rules, toxicity scorer, safety classifier) at once; null: the CPUs this process may use, at least 2. "
-        "Requests beyond it wait their turn in order rather than contend for the cores and Python's GIL: at 32 "
+        "rules, toxicity scorer, safety classifier) at once; null: one more than the CPUs this process may use, "
+        "so the cores still run the classifier's passes (which release Python's GIL) while one thread holds the "
+        "GIL. Requests beyond it wait their turn in order rather than contend for the cores and the GIL: at 32 "
         "streams on 2 cores the safety classifier's added p99 is lower and steadier (docs/results.md, 'The "
-        "pre-filter's own threads').",
+        "pre-filter's own threads' and 'One thread more than the cores').",
     )
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Who may read GET /metrics.")
     brownout: BrownoutConfig = Field(default_factory=BrownoutConfig, description="Load shedding.")
@@ -345,8 +346,8 @@ class ServingConfig(StrictModel):
     )
 
     def preparing_threads(self) -> int:
-        """``prepare_threads``, or its default on this machine: the CPUs this process may use, at least 2."""
-        return self.prepare_threads or max(2, available_cpus())
+        """``prepare_threads``, or its default on this machine: one more than the CPUs this process may use."""
+        return self.prepare_threads or available_cpus() + 1
 
     @model_validator(mode="after")
     def _caps(self) -> ServingConfig:

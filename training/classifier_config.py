@@ -90,10 +90,17 @@ class SafetyClassifierConfig(StrictModel):
         None,
         ge=64,
         le=1536,
-        description="'encoder' features: keep this many of each layer's 1536 feed-forward neurons (those whose mean "
-        "|activation| on training prompts times their output weights' norm is largest), cut before fine-tuning. 768: a "
-        "48-token pass 0.72 of the time, about 2 ms off the 32-stream p99, 0.09 less recall on the external slice "
-        "(docs/results.md, 'On an AMD EPYC'). Null: all.",
+        description="'encoder' features: after fine-tuning, keep this many of each layer's 1536 feed-forward neurons "
+        "(those whose mean |activation| on training prompts times their output weights' norm is largest), then "
+        "distill the cut layers from the uncut ones for distill_epochs. 768: a pass about 0.78 of the time, a little "
+        "less recall than all 1536, on the external slice most (docs/results.md, 'Cut after fine-tuning, then "
+        "distilled'). Null: all.",
+    )
+    distill_epochs: float = Field(
+        1.0,
+        gt=0,
+        description="finetune_feed_forward: passes over the training split that train the cut layers to answer as "
+        "the uncut fine-tuned ones do (their probabilities and their pooled vectors; training.classifier.DISTILL_*).",
     )
     finetune_word_embeddings: bool = Field(
         False,

@@ -92,15 +92,15 @@ class SafetyClassifierConfig(StrictModel):
         le=1536,
         description="'encoder' features: after fine-tuning, keep this many of each layer's 1536 feed-forward neurons "
         "(those whose mean |activation| on training prompts times their output weights' norm is largest), then "
-        "distill the cut layers from the uncut ones for distill_epochs. 768: a pass about 0.78 of the time, a little "
-        "less recall than all 1536, on the external slice most (docs/results.md, 'Cut after fine-tuning, then "
+        "distill the cut layers from the uncut ones for distill_epochs. 768: a pass about 0.77 of the time, the "
+        "test split's recall kept, more benign prompts blocked (docs/results.md, 'Cut after fine-tuning, then "
         "distilled'). Null: all.",
     )
     distill_epochs: float = Field(
         1.0,
         gt=0,
         description="finetune_feed_forward: passes over the training split that train the cut layers to answer as "
-        "the uncut fine-tuned ones do (their probabilities and their pooled vectors; training.classifier.DISTILL_*).",
+        "the uncut fine-tuned ones do (their probabilities and pooled vectors; training.classifier_tuning.DISTILL_*).",
     )
     finetune_word_embeddings: bool = Field(
         False,

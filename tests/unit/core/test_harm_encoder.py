@@ -357,7 +357,7 @@ def test_fit_screen_cuts_below_every_validation_block() -> None:
 def test_pruning_the_feed_forward_keeps_the_neurons_that_matter_and_the_folder_serves_the_cut_layers(
     tmp_path: Path,
 ) -> None:
-    from training.classifier import prune_feed_forward
+    from training.classifier_tuning import prune_feed_forward
 
     tokenizer_json, weights, cls_sep = encoder_weights(1)
     e = EncoderEmbedder(tokenizer_json, weights, 1, cls_sep)

@@ -163,5 +163,14 @@ class SafetyClassifierConfig(StrictModel):
             raise ValueError(f"prompt set(s) {both} both dealt into training and held out: choose one")
         return self
 
+    @model_validator(mode="after")
+    def _cut_needs_fine_tuning(self) -> SafetyClassifierConfig:
+        if self.finetune_feed_forward is not None and (self.features != "encoder" or self.finetune_epochs == 0):
+            raise ValueError(
+                "finetune_feed_forward cuts the fine-tuned encoder: it needs features 'encoder' and finetune_epochs "
+                f"> 0 (here features {self.features!r}, finetune_epochs {self.finetune_epochs})"
+            )
+        return self
+
     def prompt_sets(self) -> list[str]:
         return [*self.dealt_sets, *self.external_sets]

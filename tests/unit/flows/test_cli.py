@@ -173,3 +173,17 @@ def test_a_prompt_set_that_cannot_be_fetched_is_one_line_before_any_flow(
     twice = "safety_classifier.dealt_sets=[harmbench]"  # also held out by default
     code, _, err = run(capsys, "safety-classifier", "train", "--home", str(tmp_path), "--set", twice)
     assert code == 2 and "both dealt into training and held out" in err
+
+
+def test_a_feed_forward_cut_without_fine_tuning_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The cut acts on the fine-tuned layers: without fine-tuning it would be silently skipped, so it is refused."""
+    cut = "safety_classifier.finetune_feed_forward=768"
+    for other in ("safety_classifier.finetune_epochs=0", "safety_classifier.features=static"):
+        code, out, err = run(
+            capsys, "safety-classifier", "train", "--home", str(tmp_path), "--set", cut, "--set", other
+        )
+        assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+        assert "finetune_feed_forward cuts the fine-tuned encoder" in err and other.split(".")[1].split("=")[0] in err
+    assert not (tmp_path / "harm-snapshots").exists()

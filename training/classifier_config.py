@@ -92,9 +92,9 @@ class SafetyClassifierConfig(StrictModel):
         le=1536,
         description="'encoder' features: after fine-tuning, keep this many of each layer's 1536 feed-forward neurons "
         "(those whose mean |activation| on training prompts times their output weights' norm is largest), then "
-        "distill the cut layers from the uncut ones for distill_epochs. 768: a pass about 0.77 of the time, the "
-        "test split's recall kept, more benign prompts blocked (docs/results.md, 'Cut after fine-tuning, then "
-        "distilled'). Null: all.",
+        "distill the cut layers from the uncut ones for distill_epochs. 768: a pass about 0.8 of the time, every "
+        "held-out target met, less caught of what people wrote (docs/results.md, 'Cut after fine-tuning, then "
+        "distilled' and 'A budget below the target'). Null: all.",
     )
     distill_epochs: float = Field(
         1.0,
@@ -121,11 +121,13 @@ class SafetyClassifierConfig(StrictModel):
     max_false_block_risky: float = Field(  # 0.04 until the 6-layer encoder (docs/results.md)
         0.03, ge=0, le=1, description="Budget of blocked benign-risky validation prompts the threshold is chosen for."
     )
-    max_false_block_benign: float = Field(
-        0.01,
+    max_false_block_benign: float = Field(  # 0.01 until 2026-11-30 (docs/results.md, 'A budget below the target')
+        0.005,
         ge=0,
         le=1,
-        description="Budget of blocked ordinary benign validation prompts the threshold is chosen for.",
+        description="Budget of blocked ordinary benign validation prompts the threshold is chosen for: half the "
+        "held-out target (0.01), as the risky budget sits below its 0.05, because the lowest threshold within budget "
+        "on validation is within it partly by chance (one standard error of 0.01 on 406 prompts is 0.005).",
     )
     min_threshold: float = Field(0.3, ge=0, le=1, description="The threshold never goes below this harm score.")
     screen: bool = Field(

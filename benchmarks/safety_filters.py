@@ -49,6 +49,8 @@ PATTERNS = [r"sk-live-[0-9a-z]{16,}", r"\bproject\s+nightingale\b", r"(?<![\w.])
 
 
 def percentiles(values_ms: list[float]) -> dict[str, float]:
+    if len(values_ms) == 1:  # --replies 1: one reply's finish (quantiles wants two points)
+        return dict.fromkeys(("p50", "p90", "p99", "max"), values_ms[0])
     q = statistics.quantiles(values_ms, n=100, method="inclusive")
     return {"p50": q[49], "p90": q[89], "p99": q[98], "max": max(values_ms)}
 

@@ -180,10 +180,19 @@ def test_a_feed_forward_cut_without_fine_tuning_is_refused_in_one_line(
 ) -> None:
     """The cut acts on the fine-tuned layers: without fine-tuning it would be silently skipped, so it is refused."""
     cut = "safety_classifier.finetune_feed_forward=768"
-    for other in ("safety_classifier.finetune_epochs=0", "safety_classifier.features=static"):
+    offending = {"finetune_epochs=0": "finetune_epochs 0.0)", "features=static": "features 'static'"}
+    for other, named in offending.items():
         code, out, err = run(
-            capsys, "safety-classifier", "train", "--home", str(tmp_path), "--set", cut, "--set", other
+            capsys,
+            "safety-classifier",
+            "train",
+            "--home",
+            str(tmp_path),
+            "--set",
+            cut,
+            "--set",
+            f"safety_classifier.{other}",
         )
         assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
-        assert "finetune_feed_forward cuts the fine-tuned encoder" in err and other.split(".")[1].split("=")[0] in err
+        assert "finetune_feed_forward cuts the fine-tuned encoder" in err and named in err  # the value that is wrong
     assert not (tmp_path / "harm-snapshots").exists()

@@ -22,7 +22,9 @@
    p99 <= 10 ms added), the share of each kind of conversation the classifier blocks, and how many its screen
    passed without an encoder pass (``core.harm.Screen``, the cascade's first look). Twice: with each
    conversation new to the classifier (every turn embedded) and with its earlier user turns judged before (as
-   the requests that brought them were: only the newest turn is embedded, ``HarmClassifier.judge_turns``).
+   the requests that brought them were: only the newest turn is embedded, ``HarmClassifier.judge_turns``). Each
+   also for the requests the classifier passes on to the model alone, against filter-off on the same
+   conversations: a blocked request is answered with the refusal, not after the engine.
 
 Timings are wall-clock; nothing here touches a GPU or the network.
 """
@@ -195,19 +197,19 @@ def bench_classifier(
         for _, messages in conversations[:50]:  # warm-up (imports, first allocations)
             ons[-1].check(messages)
 
-    async def run(flt: PreFilter | ClassifiedPreFilter, threads: int) -> list[float]:
-        times: list[float] = []
-        queue = list(conversations)
+    async def run(flt: PreFilter | ClassifiedPreFilter, threads: int) -> list[tuple[int, float]]:
+        times: list[tuple[int, float]] = []  # (conversation, ms)
+        queue = list(enumerate(conversations))
         # as the gateway prepares requests: on its own ``prepare_threads`` (0: anyio's shared pool of 40)
         limiter = anyio.CapacityLimiter(threads) if threads else None
 
         async def stream(offset: float) -> None:
             await asyncio.sleep(offset)
             while queue:
-                _, messages = queue.pop()
+                i, (_, messages) = queue.pop()
                 start = time.perf_counter_ns()
                 await anyio.to_thread.run_sync(flt.check, messages, limiter=limiter)
-                times.append((time.perf_counter_ns() - start) / 1e6)
+                times.append((i, (time.perf_counter_ns() - start) / 1e6))
                 await asyncio.sleep(generate_s)  # the stream generating its reply before its next request
 
         generate_s = generate_ms / 1000
@@ -221,8 +223,10 @@ def bench_classifier(
             for i in range(1, len(turns)):
                 clf.judge_turns(turns[:i], cfg.context_turns)
 
-    t_off: dict[int, list[float]] = {k: [] for k in prepare_threads}
-    t_on: dict[int, list[dict[str, list[float]]]] = {k: [{"new": [], "seen": []} for _ in ons] for k in prepare_threads}
+    t_off: dict[int, list[tuple[int, float]]] = {k: [] for k in prepare_threads}
+    t_on: dict[int, list[dict[str, list[tuple[int, float]]]]] = {
+        k: [{"new": [], "seen": []} for _ in ons] for k in prepare_threads
+    }
     for r in range(rounds):  # interleaved: every setting sees the same background load, in turn first
         for threads in prepare_threads if r % 2 == 0 else prepare_threads[::-1]:
             for history in ("new", "seen"):
@@ -234,15 +238,19 @@ def bench_classifier(
                     if history == "seen":
                         history_seen(clf)
                     times[history] += asyncio.run(run(on, threads))
+    # the conversations each classified pre-filter passes on to the model: the requests whose answer it delays (a
+    # blocked one is answered with the refusal instead, without waiting for the engine)
+    answered = [{i for i, (_, m) in enumerate(conversations) if not on.check(m).blocked} for on in ons]
     met = True
     for threads in prepare_threads:
-        p_off = percentiles(t_off[threads])
+        p_off = percentiles([ms for _, ms in t_off[threads]])
         print(f"  preparing threads: {threads or 'shared pool (anyio, 40)'}")
         print(f"  filter-off (rules + toxicity)      {fmt(p_off)}")
-        for folder, times in zip(folders, t_on[threads], strict=True):
+        for folder, times, passed in zip(folders, t_on[threads], answered, strict=True):
             print(f"  classifier {folder}")
+            p_off_passed = percentiles([ms for i, ms in t_off[threads] if i in passed])
             for history, label in (("new", "history new to it"), ("seen", "history judged before")):
-                p_on = percentiles(times[history])
+                p_on = percentiles([ms for _, ms in times[history]])
                 added = {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
                 ok = added["p50"] <= 5.0 and added["p99"] <= 10.0
                 met = met and ok
@@ -250,6 +258,12 @@ def bench_classifier(
                 print(
                     f"    added                            p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
                     f"p50 <= 5 ms and p99 <= 10 ms {'met' if ok else 'NOT met'}"
+                )
+                p_on_passed = percentiles([ms for i, ms in times[history] if i in passed])
+                print(
+                    f"    added to the {len(passed)} it passes on    p50 "
+                    f"{p_on_passed['p50'] - p_off_passed['p50']:.3f} ms  p99 "
+                    f"{p_on_passed['p99'] - p_off_passed['p99']:.3f} ms  (the same conversations, filter-off)"
                 )
     for on in ons:
         print_blocks(conversations, on)

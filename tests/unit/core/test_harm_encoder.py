@@ -376,11 +376,17 @@ def test_pruning_the_feed_forward_keeps_the_neurons_that_matter_and_the_folder_s
     assert all(np.array_equal(cut[n], source[n]) for n in unchanged)
 
     records = TOY_RECORDS
-    cfg = SafetyClassifierConfig(features="encoder", encoder_layers=1, finetune_epochs=2, finetune_feed_forward=96)
+    # with the shorter window the README's latency option pairs it with
+    cfg = SafetyClassifierConfig(
+        features="encoder", encoder_layers=1, finetune_epochs=2, finetune_feed_forward=96, encoder_window=32
+    )
     clf = fit(cfg, records)  # the int8 ONNX runtime, as served
     back = HarmClassifier.load(clf.save(tmp_path / "v"))
     texts = [r["text"] for r in records]
     np.testing.assert_array_equal(back.probabilities(texts), clf.probabilities(texts))
+    assert back.embedder.window == 32  # type: ignore[union-attr]
+    long_turn = "some pasted notes about the weather " * 30 + texts[0]
+    np.testing.assert_array_equal(back.probabilities([long_turn]), clf.probabilities([long_turn]))
     onnx = pytest.importorskip("onnx")
     assert isinstance(back.embedder, EncoderEmbedder) and isinstance(back.embedder.encoder, OnnxMiniLm)
     dims = [tuple(i.dims) for i in onnx.load_from_string(back.embedder.encoder.model).graph.initializer]

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from core.toxicity import ToxicityScorer
     from serving.safety.harm_filter import ClassifiedPreFilter
+    from serving.safety.verdict import FilterVerdict
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -238,9 +239,10 @@ def bench_classifier(
                     if history == "seen":
                         history_seen(clf)
                     times[history] += asyncio.run(run(on, threads))
+    verdicts = [[on.check(m) for _, m in conversations] for on in ons]
     # the conversations each classified pre-filter passes on to the model: the requests whose answer it delays (a
     # blocked one is answered with the refusal instead, without waiting for the engine)
-    answered = [{i for i, (_, m) in enumerate(conversations) if not on.check(m).blocked} for on in ons]
+    answered = [{i for i, v in enumerate(vs) if not v.blocked} for vs in verdicts]
     met = True
     for threads in prepare_threads:
         p_off = percentiles([ms for _, ms in t_off[threads]])
@@ -251,7 +253,7 @@ def bench_classifier(
             p_off_passed = percentiles([ms for i, ms in t_off[threads] if i in passed])
             for history, label in (("new", "history new to it"), ("seen", "history judged before")):
                 p_on = percentiles([ms for _, ms in times[history]])
-                added = {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
+                added = _added(p_on, p_off)
                 ok = added["p50"] <= 5.0 and added["p99"] <= 10.0
                 met = met and ok
                 print(f"  with the classifier, {label:22} {fmt(p_on)}")
@@ -259,26 +261,28 @@ def bench_classifier(
                     f"    added                            p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
                     f"p50 <= 5 ms and p99 <= 10 ms {'met' if ok else 'NOT met'}"
                 )
-                p_on_passed = percentiles([ms for i, ms in times[history] if i in passed])
+                on_passed = _added(percentiles([ms for i, ms in times[history] if i in passed]), p_off_passed)
                 print(
-                    f"    added to the {len(passed)} it passes on    p50 "
-                    f"{p_on_passed['p50'] - p_off_passed['p50']:.3f} ms  p99 "
-                    f"{p_on_passed['p99'] - p_off_passed['p99']:.3f} ms  (the same conversations, filter-off)"
+                    f"    added to the {len(passed)} it passes on    p50 {on_passed['p50']:.3f} ms  p99 "
+                    f"{on_passed['p99']:.3f} ms  (the same conversations, filter-off)"
                 )
-    for on in ons:
-        print_blocks(conversations, on)
+    for vs in verdicts:
+        print_blocks(conversations, vs)
     return met
 
 
-def print_blocks(conversations: list[tuple[str, list[dict[str, str]]]], on: ClassifiedPreFilter) -> None:
-    """How many conversations of each kind the pre-filter blocks, how many by the classifier, and how many its
-    screen passed without an encoder pass."""
+def _added(p_on: dict[str, float], p_off: dict[str, float]) -> dict[str, float]:
+    return {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
+
+
+def print_blocks(conversations: list[tuple[str, list[dict[str, str]]]], verdicts: list[FilterVerdict]) -> None:
+    """How many conversations of each kind the pre-filter blocked (its ``verdicts``, one per conversation), how many
+    by the classifier, and how many its screen passed without an encoder pass."""
     blocked = {"benign": 0, "jailbreak": 0, "harmful": 0}
     counts = dict(blocked)
     classified = {"benign": 0, "jailbreak": 0, "harmful": 0}
     judged = {"screen": 0, "model": 0}
-    for kind, messages in conversations:
-        verdict = on.check(messages)
+    for (kind, _), verdict in zip(conversations, verdicts, strict=True):
         counts[kind] += 1
         blocked[kind] += verdict.blocked
         classified[kind] += verdict.blocked and (verdict.rule or "").startswith("classifier.")

@@ -68,8 +68,9 @@ class SafetyClassifierConfig(StrictModel):
         "both read, a longer turn by its head and tail; null: the encoder reads 128 and the screen every token (the "
         "versions before it). Every prompt of the eval splits fits in 48; a pasted document's request at its start "
         "or end is caught far more often, one in its middle far less, and a pass costs at most the window "
-        "(docs/results.md, 'A window both stages read'). 32 with finetune_feed_forward 768: every target of the "
-        "issue met, p99 within 10 ms at 32 streams (docs/results.md, 'A 32-token window and the 768-neuron cut').",
+        "(docs/results.md, 'A window both stages read'). 32 with finetune_feed_forward 768: every target of issue 26 "
+        "met on AMD EPYC, p99 within 10 ms at 32 streams (docs/results.md, 'A 32-token window and the 768-neuron "
+        "cut').",
     )
     encoder_runtime: Literal["onnx-int8", "numpy"] = Field(
         "onnx-int8",

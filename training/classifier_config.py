@@ -69,8 +69,8 @@ class SafetyClassifierConfig(StrictModel):
         "versions before it). Every prompt of the eval splits fits in 48; a pasted document's request at its start "
         "or end is caught far more often, one in its middle far less, and a pass costs at most the window "
         "(docs/results.md, 'A window both stages read'). 32 with finetune_feed_forward 768: every target of issue 26 "
-        "met on AMD EPYC, p99 within 10 ms at 32 streams (docs/results.md, 'A 32-token window and the 768-neuron "
-        "cut').",
+        "met on AMD EPYC, p99 within 10 ms at 32 streams, but the real model's gate behind it refuses weapons and "
+        "cyber 7 of 8, below issue 25's 0.90 (docs/results.md, 'A 32-token window and the 768-neuron cut').",
     )
     encoder_runtime: Literal["onnx-int8", "numpy"] = Field(
         "onnx-int8",
@@ -96,7 +96,8 @@ class SafetyClassifierConfig(StrictModel):
         "(those whose mean |activation| on training prompts times their output weights' norm is largest), then "
         "distill the cut layers from the uncut ones for distill_epochs. 768: a pass about 0.8 of the time, every "
         "held-out target met, less caught of what people wrote (docs/results.md, 'Cut after fine-tuning, then "
-        "distilled' and 'A budget below the target'); with encoder_window 32, the latency targets too. Null: all.",
+        "distilled' and 'A budget below the target'); with encoder_window 32, the latency targets too, not issue 25's "
+        "on the real model. Null: all.",
     )
     distill_epochs: float = Field(
         1.0,

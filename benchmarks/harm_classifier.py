@@ -140,7 +140,7 @@ def tokenizing(clf: HarmClassifier, texts: list[str], repeat: int) -> dict[str, 
     2026-11-29), interleaved text by text on one thread: ms per turn, the ratio, and whether the ids agree."""
     import numpy as np
 
-    from core.harm import EncoderEmbedder, _WordPieces
+    from core.harm_embed import EncoderEmbedder, _WordPieces
 
     e = clf.embedder
     if not isinstance(e, EncoderEmbedder) or e.window is None:

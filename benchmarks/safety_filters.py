@@ -281,7 +281,7 @@ def print_blocks(conversations: list[tuple[str, list[dict[str, str]]]], verdicts
     blocked = {"benign": 0, "jailbreak": 0, "harmful": 0}
     counts = dict(blocked)
     classified = {"benign": 0, "jailbreak": 0, "harmful": 0}
-    judged = {"screen": 0, "model": 0}
+    judged = {"screen": 0, "model": 0, "second": 0}
     for (kind, _), verdict in zip(conversations, verdicts, strict=True):
         counts[kind] += 1
         blocked[kind] += verdict.blocked
@@ -294,7 +294,8 @@ def print_blocks(conversations: list[tuple[str, list[dict[str, str]]]], verdicts
     total = sum(judged.values())
     print(
         f"  the classifier judged {total} conversations: its screen alone passed {judged['screen']}, the encoder "
-        f"judged {judged['model']}"
+        f"judged {judged['model'] + judged['second']}"
+        + (f", a cascade's second stage decided {judged['second']} of them" if judged["second"] else "")
     )
 
 

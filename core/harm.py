@@ -27,6 +27,11 @@ validation verdict; on ordinary traffic most prompts stop there (docs/results.md
 ``encoder_window`` (48 tokens by default since 2026-11-28) has both stages read the same tokens of a long turn: its
 head and tail.
 
+A classifier may carry a ``SecondStage`` too (``cascade`` in classifier.json, its folder ``second/`` inside): the
+first stage is then the fast one (a 32-token window and cut layers), and what it scores in a band just below its
+threshold is judged again by the second, a model that reads more (a 48-token window, all the neurons); the second
+blocks or passes it. A few percent of the prompts go on to it (docs/results.md, "The two-model cascade").
+
 The folder holds ``classifier.json`` (format, labels, operating threshold, provenance), ``weights.npz`` (the token
 table or the encoder's tensors in float16, coefficients, intercepts) and ``tokenizer.json``: plain arrays and JSON,
 no pickle, so loading a registered version runs no code from the artifact store (an ONNX graph is data: operators
@@ -40,7 +45,6 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,8 +52,21 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from core.minilm import HIDDEN, MiniLmEncoder, param_names, unit_rows
+from core.harm_embed import ENCODER_MAX_TOKENS, MAX_TOKENS, Embedder, EncoderEmbedder, StaticEmbedder
+from core.minilm import HIDDEN, param_names, unit_rows
 from core.minilm_onnx import WORD, OnnxMiniLm
+
+__all__ = [  # the embedders live in core.harm_embed; their users import them from here
+    "ENCODER_MAX_TOKENS",
+    "MAX_TOKENS",
+    "Embedder",
+    "EncoderEmbedder",
+    "HarmClassifier",
+    "HarmScore",
+    "Screen",
+    "SecondStage",
+    "StaticEmbedder",
+]
 
 CONFIG_FILE = "classifier.json"
 WEIGHTS_FILE = "weights.npz"
@@ -57,183 +74,20 @@ TOKENIZER_FILE = "tokenizer.json"
 ONNX_FILE = "encoder.onnx"  # an encoder run by ONNX Runtime (``encoder_runtime: onnx-int8``)
 FORMAT = "harm-static-embedding-v1"
 ENCODER_FORMAT = "harm-minilm-encoder-v1"
-MAX_TOKENS = 512  # a longer text is judged by its first and last 256 tokens
-# [CLS] and [SEP] included: a longer turn is judged by its first and last 63 tokens. MiniLM reads 256; 128 keeps a
-# long pasted turn within the request path's budget (one thread, 3 unseen turns of the safety_filters benchmark's
-# conversations: p99 39 ms at 256, 13.6 at 128; docs/results.md)
-ENCODER_MAX_TOKENS = 128
-# A version's ``encoder_window`` (classifier.json): the tokens, [CLS] and [SEP] included, that both the screen and the
-# encoder read of a turn, a longer one by its head and tail. A version without one reads as before: the encoder
-# ENCODER_MAX_TOKENS, the screen every token (docs/results.md, "A window both stages read").
-MIN_WINDOW = 8
 TURN_CACHE = 4096  # turns whose token sums a classifier keeps (1.5 KB each): a conversation's earlier turns
-
-
-class _WordPieces:
-    """The text -> token ids half both embedders share."""
-
-    max_tokens = MAX_TOKENS
-
-    def __init__(self, tokenizer_json: str, vocab: int, skip_ids: tuple[int, ...]) -> None:
-        from tokenizers import Tokenizer
-
-        self.tokenizer = Tokenizer.from_str(tokenizer_json)
-        self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
-        self.tokenizer_json = tokenizer_json
-        self.skip = np.zeros(vocab, dtype=bool)
-        self.skip[list(skip_ids)] = True
-
-    def ids(self, text: str) -> NDArray[np.int64]:
-        """The text's token ids without special tokens; a long text by its first and last characters (whatever
-        lies beyond ``MAX_TOKENS`` tokens' worth would be cut anyway). One ``encode`` per text: ``encode_batch``
-        starts a thread pool, slower for a few texts and contending with the gateway's own threads."""
-        n = self.max_tokens
-        if len(text) > 8 * n:
-            text = text[: 4 * n] + "\n" + text[-4 * n :]
-        return self._encode(text)
-
-    def _encode(self, text: str) -> NDArray[np.int64]:
-        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
-        return ids[~self.skip[ids]]
-
-    def head_and_tail(self, ids: NDArray[np.int64], n: int) -> NDArray[np.int64]:
-        """At most ``n`` ids: a longer text by its first and last ``n // 2`` (the newest turn of joined turns
-        stays in)."""
-        return np.concatenate([ids[: n // 2], ids[len(ids) - (n - n // 2) :]]) if len(ids) > n else ids
-
-    def sums(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
-        """(len(seqs), dim): the sum of each sequence's token vectors, before pooling: sequences embedded apart
-        pool together by adding these."""
-        raise NotImplementedError
-
-    def pool(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
-        return self.pool_many([ids])[0]
-
-    def pool_many(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
-        """The mean of each sequence's token vectors, L2-normalized (the normalized sum)."""
-        return unit_rows(self.sums(seqs))
-
-    @property
-    def dim(self) -> int:
-        raise NotImplementedError
-
-    def embed(self, texts: list[str]) -> NDArray[np.float32]:
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([self.pool(self.ids(t)) for t in texts])
-
-
-class StaticEmbedder(_WordPieces):
-    """Texts -> mean of their tokens' table rows, L2-normalized (one row per text)."""
-
-    def __init__(self, tokenizer_json: str, table: NDArray[Any], skip_ids: tuple[int, ...]) -> None:
-        super().__init__(tokenizer_json, table.shape[0], skip_ids)
-        self.table = np.asarray(table, dtype=np.float32)  # float16 on disk; float32 here (NumPy's float16 is slow)
-
-    @property
-    def dim(self) -> int:
-        return int(self.table.shape[1])
-
-    def sums(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
-        out = np.zeros((len(seqs), self.dim), dtype=np.float32)
-        for row, ids in zip(out, seqs, strict=True):
-            row[:] = self.table[self.head_and_tail(ids, MAX_TOKENS)].sum(axis=0)
-        return out
-
-
-class EncoderEmbedder(_WordPieces):
-    """Texts -> ``[CLS] ids [SEP]`` through MiniLM's first layers, mean pooled, L2-normalized: float32 NumPy
-    (``core.minilm``; ``weights``: BertModel's tensors, ``core.minilm.param_names``, any float dtype) or an int8
-    ONNX Runtime graph (``core.minilm_onnx``; ``onnx_model``, and ``weights`` needs the word table only)."""
-
-    max_tokens = ENCODER_MAX_TOKENS
-
-    def __init__(
-        self,
-        tokenizer_json: str,
-        weights: Mapping[str, NDArray[Any]],
-        layers: int,
-        cls_sep: tuple[int, int],
-        onnx_model: bytes | None = None,
-        window: int | None = None,
-        disabled_optimizers: tuple[str, ...] = (),
-    ) -> None:
-        if window is not None and not MIN_WINDOW <= window <= ENCODER_MAX_TOKENS:
-            raise ValueError(f"encoder window {window}: between {MIN_WINDOW} and {ENCODER_MAX_TOKENS} tokens")
-        self.window = window
-        # the layers in NumPy from ``weights``, or in ONNX Runtime from ``onnx_model`` (``weights``: the word table),
-        # run without the graph optimizers the version was scored without (``core.minilm_onnx.DISABLED_OPTIMIZERS``)
-        self.encoder: MiniLmEncoder | OnnxMiniLm = (
-            MiniLmEncoder(weights, layers)
-            if onnx_model is None
-            else OnnxMiniLm(onnx_model, weights[WORD], layers, disabled_optimizers)
-        )
-        # no id skipped: the encoder reads what MiniLM's tokenizer makes of the text
-        super().__init__(tokenizer_json, self.encoder.word.shape[0], ())
-        self.cls_sep = cls_sep
-
-    @property
-    def dim(self) -> int:
-        return HIDDEN
-
-    def ids(self, text: str) -> NDArray[np.int64]:
-        """With a ``window``, a turn longer than it by its head and tail: what the screen and the encoder both read,
-        so the screen's mean is not diluted by a pasted document the encoder never sees, and a pass costs at most
-        the window's tokens (~0.11 ms a token on one thread)."""
-        if self.window is None:
-            return super().ids(text)
-        n = self.window - 2
-        ends = self._ends(text, n)
-        return ends if ends is not None else self.head_and_tail(super().ids(text), n)
-
-    def _ends(self, text: str, n: int) -> NDArray[np.int64] | None:
-        """``head_and_tail(ids(text), n)`` from the text's two ends alone: tokenizing a pasted turn whole (its first
-        and last 512 characters, what ``ids`` reads) costs ~2.6 times what its ends do, and holds the GIL. Exact:
-        BERT's tokenizer reads each word on its own (normalizing character by character, splitting at whitespace
-        and punctuation), so text cut at a space gives the same tokens for the words it keeps. The ends grow until
-        each holds its half of the window (None when they would reach past what ``ids`` reads of a long text, or
-        meet: the whole text is tokenized then)."""
-        head_n, tail_n = n // 2, n - n // 2
-        chars = 4 * n  # ~2x what half a window of English takes; doubled while short
-        while chars <= 4 * self.max_tokens and 2 * chars < len(text):
-            head_end, tail_start = text.rfind(" ", 0, chars), text.find(" ", len(text) - chars)
-            if head_end > 0 and tail_start >= 0:
-                head, tail = (self._encode(part) for part in (text[:head_end], text[tail_start + 1 :]))
-                if len(head) >= head_n and len(tail) >= tail_n and len(head) + len(tail) > n:
-                    return np.concatenate([head[:head_n], tail[len(tail) - tail_n :]])
-            chars *= 2
-        return None
-
-    def framed(self, ids: NDArray[np.int64]) -> NDArray[np.int64]:
-        """``[CLS] ids [SEP]``, a long text by its head and tail: what the encoder reads (and training feeds it)."""
-        cls_id, sep_id = self.cls_sep
-        return np.concatenate([[cls_id], self.head_and_tail(ids, ENCODER_MAX_TOKENS - 2), [sep_id]]).astype(np.int64)
-
-    def sums(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
-        """One encoder pass for all of ``seqs`` (the turns ``judge_turns`` has not seen yet, together)."""
-        return self.encoder.sum_many([self.framed(ids) for ids in seqs])
-
-    def word_sums(self, seqs: list[NDArray[np.int64]]) -> NDArray[np.float32]:
-        """(len(seqs), 384): the sum of each sequence's input word vectors, no layer run: the ``Screen``'s
-        features (normalized: their mean's direction)."""
-        out = np.zeros((len(seqs), HIDDEN), dtype=np.float32)
-        for row, ids in zip(out, seqs, strict=True):
-            row[:] = self.encoder.word[ids].sum(axis=0)
-        return out
-
-
-Embedder = StaticEmbedder | EncoderEmbedder
 
 
 @dataclass(frozen=True)
 class HarmScore:
     """The classifier's judgement of one prompt: ``score`` = P(harmful), ``category`` its most likely harm;
-    ``screened``: the ``Screen`` passed it (its score, below the screen's threshold), the encoder did not run."""
+    ``screened``: the ``Screen`` passed it (its score, below the screen's threshold), the encoder did not run;
+    ``escalated``: it scored in a cascade's band and its ``SecondStage`` decided (a block then scores at least the
+    threshold, its category the second stage's)."""
 
     score: float
     category: str
     screened: bool = False
+    escalated: bool = False
 
 
 @dataclass(frozen=True)
@@ -248,6 +102,21 @@ class Screen:
     meta: dict[str, Any] = field(default_factory=dict)  # how the threshold was chosen (classifier.json "screen")
 
 
+@dataclass(frozen=True)
+class SecondStage:
+    """A cascade's second stage: a classifier (``classifier``, folder ``SECOND_DIR``) that judges again what the
+    first scores in ``[floor, threshold)``, blocking what it blocks. The first stage is the faster one (a shorter
+    window, cut layers); the second the one that reads more. Training sets ``floor`` so that a share of the
+    validation benign prompts is sent on (``meta``: how; docs/results.md, "The two-model cascade")."""
+
+    classifier: HarmClassifier
+    floor: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+SECOND_DIR = "second"  # the SecondStage's folder inside its version's
+
+
 @dataclass
 class _Turn:
     """What a classifier keeps of a turn it has judged: its token ids, the screen's word sums, and the encoder's
@@ -259,6 +128,9 @@ class _Turn:
 
 
 class HarmClassifier:
+    labels: tuple[str, ...]
+    second: SecondStage | None  # a cascade's second stage (what this one scores in its band goes on to it)
+
     def __init__(
         self,
         labels: tuple[str, ...],
@@ -269,6 +141,7 @@ class HarmClassifier:
         version: str = "",
         meta: dict[str, Any] | None = None,
         screen: Screen | None = None,
+        second: SecondStage | None = None,
     ) -> None:
         if "benign" not in labels or coef.shape != (len(labels), embedder.dim):
             raise ValueError("a harm classifier needs a 'benign' label and one coefficient row per label")
@@ -276,6 +149,8 @@ class HarmClassifier:
             not isinstance(embedder, EncoderEmbedder) or screen.coef_t.shape != (HIDDEN, len(labels))
         ):
             raise ValueError("a screen needs the encoder features and one coefficient row per label")
+        if second is not None and (second.classifier.labels != labels or second.classifier.second is not None):
+            raise ValueError("a second stage needs the same labels and no second stage of its own")
         self.labels = labels
         self.embedder = embedder
         self.coef_t = np.ascontiguousarray(coef.T, dtype=np.float32)
@@ -284,6 +159,7 @@ class HarmClassifier:
         self.version = version
         self.meta = dict(meta or {})
         self.screen = screen
+        self.second = second
         self._benign = labels.index("benign")
         self.categories = tuple(label for label in labels if label != "benign")
         self._turns: OrderedDict[bytes, _Turn] = OrderedDict()  # turn digest -> what was computed of it
@@ -303,18 +179,36 @@ class HarmClassifier:
         return np.asarray(p / p.sum(axis=1, keepdims=True))
 
     def scores(self, texts: list[str]) -> list[HarmScore]:
-        """Each text's judgement as the gateway makes it: through the screen first where there is one."""
+        """Each text's judgement as the gateway makes it: through the screen first where there is one, and on to
+        the second stage for those in its band."""
         if self.screen is None:
-            return self._scores(self.probabilities(texts))
-        embedder = self.embedder
-        ids = [embedder.ids(t) for t in texts]
-        out = self._screen_scores(ids, self.screen)
-        unsure = [i for i, s in enumerate(out) if s.score >= self.screen.threshold]
-        if unsure:
-            vectors = np.stack([embedder.pool(ids[i]) for i in unsure])
-            for i, score in zip(unsure, self._scores(self._softmax(vectors)), strict=True):
-                out[i] = score
+            out = self._scores(self.probabilities(texts))
+        else:
+            embedder = self.embedder
+            ids = [embedder.ids(t) for t in texts]
+            out = self._screen_scores(ids, self.screen)
+            unsure = [i for i, s in enumerate(out) if s.score >= self.screen.threshold]
+            if unsure:
+                vectors = np.stack([embedder.pool(ids[i]) for i in unsure])
+                for i, score in zip(unsure, self._scores(self._softmax(vectors)), strict=True):
+                    out[i] = score
+        band = [i for i, s in enumerate(out) if self._in_band(s)]
+        if band and self.second is not None:
+            for i, again in zip(band, self.second.classifier.scores([texts[i] for i in band]), strict=True):
+                out[i] = self._decided(out[i], again)
         return out
+
+    def _in_band(self, score: HarmScore) -> bool:
+        """Whether the second stage judges this first-stage score again (never a screened one)."""
+        return self.second is not None and not score.screened and self.second.floor <= score.score < self.threshold
+
+    def _decided(self, first: HarmScore, again: HarmScore) -> HarmScore:
+        """The cascade's judgement of a prompt in the band: the second stage's block, lifted to at least this
+        threshold (what ``blocks`` reads), or the first stage's pass."""
+        assert self.second is not None
+        if self.second.classifier.blocks(again):
+            return replace(again, score=max(self.threshold, again.score), escalated=True)
+        return replace(first, escalated=True)
 
     def screen_scores(self, texts: list[str], screen: Screen | None = None) -> list[HarmScore]:
         """Each text's score by ``screen`` (this classifier's own by default) alone, marked ``screened``."""
@@ -348,8 +242,11 @@ class HarmClassifier:
         turns, by a digest of their text). With a screen, each of the two is scored by it first and goes on to
         the encoder only when it reaches the screen's threshold: the earlier turns' passes are run only for a
         joined request the screen is unsure of and a newest turn that does not block alone (the block stands
-        either way, so its score is then the newest turn's). The encoder's attention stays within a turn."""
-        kept = self._kept(turns[-context:])
+        either way, so its score is then the newest turn's). The encoder's attention stays within a turn. With a
+        second stage, the one of the two the encoder scores in the band is judged again by the second stage alone
+        (its own turns kept the same way)."""
+        texts = turns[-context:]
+        kept = self._kept(texts)
         groups = [kept[-1:], kept] if len(kept) > 1 else [kept]
         judged: list[HarmScore] = []
         for group in groups:
@@ -359,7 +256,13 @@ class HarmClassifier:
                 if first.score < self.screen.threshold:
                     judged.append(replace(first, screened=True))
                     continue
-            judged.append(self._judge_sums(self._encoder_sums(group).sum(axis=0, keepdims=True)))
+            score = self._judge_sums(self._encoder_sums(group).sum(axis=0, keepdims=True))
+            if self.second is not None and self._in_band(score):
+                second = self.second.classifier
+                group_texts = texts[len(texts) - len(group) :]
+                again = second._judge_sums(second._encoder_sums(second._kept(group_texts)).sum(axis=0, keepdims=True))
+                score = self._decided(score, again)
+            judged.append(score)
             if self.blocks(judged[-1]):
                 break
         return max(judged, key=lambda s: s.score)
@@ -403,6 +306,8 @@ class HarmClassifier:
         """Drop the kept turns (a benchmark's cold start)."""
         with self._turns_lock:
             self._turns.clear()
+        if self.second is not None:
+            self.second.classifier.forget_turns()
 
     def blocks(self, score: HarmScore) -> bool:
         return not score.screened and score.score >= self.threshold
@@ -444,6 +349,11 @@ class HarmClassifier:
             "labels": list(self.labels),
             "threshold": self.threshold,
         }
+        if self.second is not None:
+            self.second.classifier.save(folder / SECOND_DIR)
+            meta["cascade"] = {**self.second.meta, "floor": self.second.floor, "second": SECOND_DIR}
+        else:
+            meta.pop("cascade", None)
         if self.screen is None:
             meta.pop("screen", None)
         for key in ("encoder_runtime", "encoder_window", "onnx_disabled_optimizers"):
@@ -496,4 +406,9 @@ class HarmClassifier:
             else:
                 embedder = StaticEmbedder(tokenizer_json, w["table"], tuple(int(i) for i in w["skip_ids"]))
         labels = tuple(meta["labels"])
-        return cls(labels, embedder, coef, intercept, float(meta["threshold"]), version, meta, screen)
+        second = None
+        if "cascade" in meta:  # the second stage's folder is always SECOND_DIR: nothing in the JSON names a path
+            described = {k: v for k, v in meta["cascade"].items() if k not in ("floor", "second")}
+            inner = HarmClassifier.load(folder / SECOND_DIR, version=version)
+            second = SecondStage(inner, float(meta["cascade"]["floor"]), described)
+        return cls(labels, embedder, coef, intercept, float(meta["threshold"]), version, meta, screen, second)

@@ -96,6 +96,11 @@ def train_classifier_stage(cfg: LifecycleConfig, home: Home, snap: Snapshot, *, 
         features=(
             f"encoder-{c.encoder_layers}-{c.encoder_runtime}"
             + (f"-window{c.encoder_window}" if c.encoder_window else "")
+            + (
+                f"+first-window{c.cascade.encoder_window}-ff{c.cascade.finetune_feed_forward or 1536}"
+                if c.cascade.enabled
+                else ""
+            )
             if c.features == "encoder"
             else "static"
         ),

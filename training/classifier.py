@@ -30,11 +30,14 @@ from numpy.typing import NDArray
 from core.harm import (
     CONFIG_FILE,
     ONNX_FILE,
+    SECOND_DIR,
     WEIGHTS_FILE,
     Embedder,
     EncoderEmbedder,
     HarmClassifier,
+    HarmScore,
     Screen,
+    SecondStage,
     StaticEmbedder,
 )
 from core.hashing import sha256_file, sha256_files, sha256_text
@@ -246,6 +249,62 @@ def score_split(clf: HarmClassifier, records: list[dict[str, str]]) -> tuple[lis
     return scores, out
 
 
+def fitted(
+    cfg: SafetyClassifierConfig,
+    train: list[dict[str, str]],
+    records: list[dict[str, str]],
+    cache: Path | None = None,
+) -> tuple[HarmClassifier, list[float]]:
+    """The model ``cfg`` names fitted on ``train``, its threshold chosen on the validation ``records`` (and its
+    screen fitted), with its scores of ``records`` as served."""
+    clf = fit(cfg, train, cache)
+    scores, val = score_split(clf, records)
+    budgets = {"benign_risky": cfg.max_false_block_risky, "benign": cfg.max_false_block_benign}
+    clf.threshold = choose_threshold(val["harmful"], {k: val[k] for k in budgets}, budgets, cfg.min_threshold)
+    if cfg.features == "encoder" and cfg.screen:
+        clf.screen = fit_screen(cfg, clf, train, records, scores)
+        scores, _ = score_split(clf, records)  # the screen's verdicts (the same by construction), as served
+    return clf, scores
+
+
+def choose_floor(first: HarmClassifier, scores: Sequence[HarmScore], kinds: Sequence[str], share: float) -> float:
+    """The cascade's band floor: the lowest first-stage score at which at most ``floor(share * n)`` of the ``n``
+    benign validation prompts (risky and ordinary) land in ``[floor, threshold)``, those the screen passed never
+    among them (0 when fewer than that are unscreened below the threshold: every unscreened pass goes on)."""
+    benign = [s for s, kind in zip(scores, kinds, strict=True) if kind != "harmful"]
+    below = sorted((s.score for s in benign if not s.screened and s.score < first.threshold), reverse=True)
+    allowed = math.floor(share * len(benign) + 1e-9)
+    return float(np.nextafter(below[allowed], 1.0)) if allowed < len(below) else 0.0
+
+
+def cascade(
+    cfg: SafetyClassifierConfig,
+    train: list[dict[str, str]],
+    records: list[dict[str, str]],
+    cache: Path | None = None,
+) -> HarmClassifier:
+    """``cfg.cascade``: the first stage (``cfg.first_stage()``) with the configured model (``second_stage()``)
+    behind it, each fitted and thresholded on its own, and the band floor set on the first stage's validation
+    scores (``choose_floor``)."""
+    second, _ = fitted(cfg.second_stage(), train, records, cache)
+    first, _ = fitted(cfg.first_stage(), train, records, cache)
+    kinds = [r["kind"] for r in records]
+    served = first.scores([r["text"] for r in records])
+    floor = choose_floor(first, served, kinds, cfg.cascade.escalate_benign)
+    band = np.array([not s.screened and floor <= s.score < first.threshold for s in served])
+    escalated = {kind: float(band[np.array(kinds) == kind].mean()) for kind in ("harmful", "benign_risky", "benign")}
+    meta = {"escalate_benign": cfg.cascade.escalate_benign, "validation_escalated": escalated}
+    first.second = SecondStage(second, floor, meta)
+    return first
+
+
+def artifact_files(folder: Path) -> list[str]:
+    """The files of a version folder its weights hash covers (a cascade's second stage's too)."""
+    names = [n for n in (WEIGHTS_FILE, CONFIG_FILE, ONNX_FILE) if (folder / n).is_file()]
+    inner = folder / SECOND_DIR
+    return names + ([f"{SECOND_DIR}/{n}" for n in artifact_files(inner)] if inner.is_dir() else [])
+
+
 def train_classifier(
     cfg: SafetyClassifierConfig,
     snapshot: Snapshot,
@@ -254,19 +313,17 @@ def train_classifier(
     cache: Path | None = None,
 ) -> ClassifierResult:
     train = list(snapshot.records("train"))
-    clf = fit(cfg, train, cache)
     records = list(snapshot.records("validation"))
-    scores, val = score_split(clf, records)
-    budgets = {"benign_risky": cfg.max_false_block_risky, "benign": cfg.max_false_block_benign}
-    clf.threshold = choose_threshold(val["harmful"], {k: val[k] for k in budgets}, budgets, cfg.min_threshold)
-    if cfg.features == "encoder" and cfg.screen:
-        clf.screen = fit_screen(cfg, clf, train, records, scores)
-        _, val = score_split(clf, records)  # the cascade's verdicts (the same by construction), as served
+    clf = cascade(cfg, train, records, cache) if cfg.cascade.enabled else fitted(cfg, train, records, cache)[0]
+    _, val = score_split(clf, records)  # the verdicts as served (the cascade's: both stages)
     validation = {
         "harmful_recall": rates(val["harmful"], clf.threshold),
         "benign_risky_false_block": rates(val["benign_risky"], clf.threshold),
         "benign_false_block": rates(val["benign"], clf.threshold),
     }
+    if clf.second is not None:
+        escalated = clf.second.meta["validation_escalated"]
+        validation |= {f"{kind}_escalated": share for kind, share in escalated.items()}
     clf.save(
         out, {"snapshot": snapshot.hash, "config_hash": cfg.config_hash(), "validation": validation, **(extra or {})}
     )
@@ -274,7 +331,7 @@ def train_classifier(
         folder=out,
         snapshot=snapshot.hash,
         threshold=clf.threshold,
-        weights_hash=sha256_files(out, [n for n in (WEIGHTS_FILE, CONFIG_FILE, ONNX_FILE) if (out / n).is_file()]),
+        weights_hash=sha256_files(out, artifact_files(out)),
         config_hash=cfg.config_hash(),
         validation=validation,
     )

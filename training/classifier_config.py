@@ -11,6 +11,25 @@ from core.config import StrictModel
 from training.data.harm_packaged import CATALOG as PROMPT_SETS
 
 
+class CascadeConfig(StrictModel):
+    """A faster first stage in front of the configured model (core.harm.SecondStage): trained on the same split
+    with this window and cut, it judges every prompt; the configured model judges again those it scores in a band
+    just below its threshold (docs/results.md, 'The two-model cascade')."""
+
+    enabled: bool = Field(False, description="Train the two-model cascade (the configured model is the second stage).")
+    encoder_window: int = Field(32, ge=8, le=128, description="The first stage's encoder_window.")
+    finetune_feed_forward: int | None = Field(
+        768, ge=64, le=1536, description="The first stage's finetune_feed_forward (null: all 1536 neurons)."
+    )
+    escalate_benign: float = Field(
+        0.02,
+        gt=0,
+        le=1,
+        description="Share of the validation benign prompts (risky and ordinary) the band sends on to the second "
+        "stage: its floor is the lowest first-stage score at which at most this share of them lands in it.",
+    )
+
+
 class SafetyClassifierConfig(StrictModel):
     """The harm-intent classifier of the gateway's pre-filter (training.classifier; docs/results.md)."""
 
@@ -146,6 +165,7 @@ class SafetyClassifierConfig(StrictModel):
         description="The screen passes a prompt scoring below this share of the lowest screen score among the "
         "validation prompts the encoder blocks (1: the tightest cut that changes no validation verdict).",
     )
+    cascade: CascadeConfig = Field(default_factory=CascadeConfig, description=CascadeConfig.__doc__)
     model_name: str = Field("safety-classifier", description="Registered model name of the classifier versions.")
     gate_policy: str = Field(
         "configs/gates/safety_classifier.yaml", description="Gate policy (floors per metric) of new versions."
@@ -176,6 +196,32 @@ class SafetyClassifierConfig(StrictModel):
                 f"> 0 (here features {self.features!r}, finetune_epochs {self.finetune_epochs})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _cascade_needs_the_encoder(self) -> SafetyClassifierConfig:
+        cut = self.cascade.finetune_feed_forward is not None
+        if self.cascade.enabled and (self.features != "encoder" or cut and self.finetune_epochs == 0):
+            raise ValueError(
+                "cascade runs a second encoder model in front of this one: it needs features 'encoder' (and "
+                f"finetune_epochs > 0 to cut it; here features {self.features!r}, finetune_epochs "
+                f"{self.finetune_epochs})"
+            )
+        return self
+
+    def first_stage(self) -> SafetyClassifierConfig:
+        """The cascade's first stage: this config with the cascade's window and cut, no cascade of its own."""
+        return self.model_copy(
+            update={
+                "encoder_window": self.cascade.encoder_window,
+                "finetune_feed_forward": self.cascade.finetune_feed_forward,
+                "cascade": CascadeConfig(),
+            }
+        )
+
+    def second_stage(self) -> SafetyClassifierConfig:
+        """The cascade's second stage: this config without a screen (the first stage's screen has passed what it
+        is sure of before a prompt gets here) and no cascade."""
+        return self.model_copy(update={"screen": False, "cascade": CascadeConfig()})
 
     def prompt_sets(self) -> list[str]:
         return [*self.dealt_sets, *self.external_sets]

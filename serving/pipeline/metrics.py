@@ -72,7 +72,7 @@ class ServingMetrics:
         self.classifier_judged = Counter(
             "lifecycle_safety_classifier_judged",
             "Prompts the pre-filter's safety classifier judged, by what decided: its screen alone (no encoder "
-            "pass) or the model (the encoder).",
+            "pass), the model (the encoder), or a two-model cascade's second stage.",
             ["classifier_version", "by"],
             registry=r,
         )

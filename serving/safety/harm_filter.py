@@ -112,9 +112,13 @@ class HarmFilter:
                 return FilterVerdict(True, "pre", UNAVAILABLE, f"safety classifier {self.state}")
             return None
         score = clf.judge_turns(texts, self.cfg.context_turns)
-        by: Literal["screen", "model"] = "screen" if score.screened else "model"
+        by: Literal["screen", "model", "second"] = (
+            "screen" if score.screened else "second" if score.escalated else "model"
+        )
         if clf.blocks(score):
             reason = f"classifier {clf.version} scored {score.score:.3f} >= {clf.threshold:.3f} ({score.category})"
+            if score.escalated:
+                reason += ", blocked by its second stage"
             return FilterVerdict(True, "pre", RULE_PREFIX + score.category, reason, score.score, clf.version, by)
         return FilterVerdict(False, "pre", None, "passed", score.score, clf.version, by)
 

@@ -19,9 +19,10 @@ class FilterVerdict:
     reason: str
     score: float | None = None
     classifier: str | None = None  # the safety-classifier version that judged the prompt (serving.safety.harm_filter)
-    # what of that version decided: its screen alone (the model did not run: core.harm.Screen) or the model;
+    # what of that version decided: its screen alone (the model did not run: core.harm.Screen), the model, or a
+    # cascade's second stage (the model scored the prompt in its band: core.harm.SecondStage);
     # None when the classifier did not judge this prompt (the rules decided, or none is loaded)
-    judged_by: Literal["screen", "model"] | None = None
+    judged_by: Literal["screen", "model", "second"] | None = None
     # during a classifier canary (serving.safety.classifier_canary): the other version, which judged the same turns
     # in shadow, and what it would have done (its rule, or "passed")
     shadow_classifier: str | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from core.harm import HarmClassifier, StaticEmbedder
 from training.classifier import minilm_folder
@@ -39,7 +40,10 @@ TOY_RECORDS = [
 ]
 
 
-def keyword_classifier(threshold: float = 0.5, version: str = "") -> HarmClassifier:
+def keyword_classifier(
+    threshold: float = 0.5, version: str = "", keywords: dict[str, str] | None = None
+) -> HarmClassifier:
+    """Each of ``keywords`` (word -> category; ``KEYWORDS`` by default) pulls a prompt toward its category."""
     import json
 
     tokenizer_json = (minilm_folder() / "tokenizer.json").read_text(encoding="utf-8")
@@ -47,7 +51,7 @@ def keyword_classifier(threshold: float = 0.5, version: str = "") -> HarmClassif
     rng = np.random.default_rng(0)
     table = rng.standard_normal((len(vocab), 384)).astype(np.float16)
     coef = np.zeros((len(LABELS), 384))
-    for word, label in KEYWORDS.items():
+    for word, label in (KEYWORDS if keywords is None else keywords).items():
         row = table[vocab[word]].astype(np.float64)
         coef[LABELS.index(label)] = 40 * row / np.linalg.norm(row)
     intercept = np.zeros(len(LABELS))
@@ -58,3 +62,16 @@ def keyword_classifier(threshold: float = 0.5, version: str = "") -> HarmClassif
 
 def saved_keyword_classifier(folder: Path, threshold: float = 0.5) -> Path:
     return keyword_classifier(threshold).save(folder, {"snapshot": "test"})
+
+
+def count_passes(monkeypatch: pytest.MonkeyPatch, clf: HarmClassifier) -> list[int]:
+    """The number of turns in each embedding call (an encoder pass, or a table lookup) ``clf`` makes from here on."""
+    embedded: list[int] = []
+    sums = clf.embedder.sums
+
+    def counted(seqs: list[np.ndarray]) -> np.ndarray:
+        embedded.append(len(seqs))
+        return sums(seqs)
+
+    monkeypatch.setattr(clf.embedder, "sums", counted)
+    return embedded

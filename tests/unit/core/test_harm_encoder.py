@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.harm_fixture import TEXTS, TOY_RECORDS
+from support.harm_fixture import TEXTS, TOY_RECORDS, count_passes
 
 from core.harm import ENCODER_FORMAT, ENCODER_MAX_TOKENS, EncoderEmbedder, HarmClassifier, HarmScore, Screen
 from core.minilm import MiniLmEncoder, unit_rows
@@ -112,7 +112,7 @@ def test_a_windowed_long_turn_tokenizes_its_ends_alone_to_the_same_ids(
     punctuation runs, accents and CJK the normalizer rewrites, control and zero-width characters, > 4096 chars)."""
     import random
 
-    from core.harm import _WordPieces
+    from core.harm_embed import _WordPieces
 
     tokenizer_json, weights, cls_sep = encoder_weights(1)
     e = EncoderEmbedder(tokenizer_json, weights, 1, cls_sep, window=window)
@@ -177,25 +177,12 @@ def test_judge_turns_takes_the_more_harmful_of_newest_and_joined() -> None:
     assert clf.judge_turns(turns, context=1).score == pytest.approx(newest.score, abs=1e-6)
 
 
-def _count_passes(monkeypatch: pytest.MonkeyPatch, clf: HarmClassifier) -> list[int]:
-    """The number of turns in each encoder call ``clf`` makes from here on."""
-    embedded: list[int] = []
-    sums = clf.embedder.sums
-
-    def counted(seqs: list[np.ndarray]) -> np.ndarray:
-        embedded.append(len(seqs))
-        return sums(seqs)
-
-    monkeypatch.setattr(clf.embedder, "sums", counted)
-    return embedded
-
-
 def test_a_conversations_earlier_turns_are_embedded_once(monkeypatch: pytest.MonkeyPatch) -> None:
     clf = _toy_classifier()
     clf.forget_turns()
     conversation = ["I have a question about chemistry class.", "how do I build a pipe bomb", "and the weather?"]
     cold = [clf.judge_turns(conversation[: i + 1], context=3) for i in range(3)]
-    embedded = _count_passes(monkeypatch, clf)
+    embedded = count_passes(monkeypatch, clf)
     clf.forget_turns()
     warm = [clf.judge_turns(conversation[: i + 1], context=3) for i in range(3)]
     assert embedded == [1, 1, 1]  # each request embeds only its newest turn
@@ -216,7 +203,7 @@ def test_a_newest_turn_that_blocks_alone_is_final_and_its_earlier_turns_are_not_
     alone, newest_alone = clf.judge([turns[-1]]), clf.judge(["pipe bomb, and the weather?"])
     assert not clf.blocks(newest_alone)  # the second conversation's newest turn passes alone
     clf.forget_turns()
-    embedded = _count_passes(monkeypatch, clf)
+    embedded = count_passes(monkeypatch, clf)
     got = clf.judge_turns(turns, context=3)
     assert clf.blocks(got) and got.category == alone.category == "weapons"
     assert got.score == pytest.approx(alone.score, abs=1e-6)
@@ -291,7 +278,7 @@ def test_the_screen_passes_what_it_is_sure_of_and_the_encoder_judges_the_rest(mo
     assert first[cats] < clf.screen.threshold <= first[bomb]  # type: ignore[union-attr]
     plain.forget_turns()
     want_judged, want = plain.judge_turns([cats, bomb], context=3), plain.scores([cats, bomb, "hi"])
-    embedded = _count_passes(monkeypatch, clf)  # (both share one embedder: counted from here on)
+    embedded = count_passes(monkeypatch, clf)  # (both share one embedder: counted from here on)
     passed = clf.judge_turns([cats], context=3)
     assert passed.screened and not clf.blocks(passed) and passed.score == pytest.approx(first[cats], abs=1e-6)
     assert embedded == []  # no encoder pass for a prompt the screen is sure of

@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.harm_fixture import saved_keyword_classifier
+from support.harm_fixture import keyword_classifier, saved_keyword_classifier
 from unit.serving.fakes import FakeScorer
 from unit.serving.harness import MakeHarness, finish_reason, reply_text
 
 from core.errors import NotFoundError
+from core.harm import SecondStage
 from core.refusal import is_refusal, points_to_help
 from registry.store import ModelVersion
 from serving.config import SafetyConfig
@@ -76,6 +77,24 @@ def test_a_request_split_over_turns_is_judged_whole(tmp_path: Path) -> None:
     assert pre.check(turns).blocked
     pre_newest_only, _ = _pre(SafetyConfig(context_turns=1), reg)
     assert not pre_newest_only.check(turns).blocked
+
+
+def test_a_cascades_second_stage_blocks_in_its_band_and_says_so(tmp_path: Path) -> None:
+    """A two-model version (core.harm.SecondStage): the first stage knows "bomb", the second "poison"; a prompt the
+    first scores in the band is the second's to decide, and the verdict names it (by="second" in /metrics)."""
+    first = keyword_classifier(0.5)
+    first.second = SecondStage(keyword_classifier(0.5, keywords={"poison": "weapons"}), 0.04)
+    first.save(tmp_path / "3", {"snapshot": "test"})
+    reg = ClassifierRegistry(tmp_path)
+    reg.aliases["champion"] = "3"
+    pre, _ = _pre(SafetyConfig(), reg)
+    poison = pre.check(user("how much poison would kill my neighbour's dog"))
+    assert poison.blocked and poison.rule == "classifier.weapons" and poison.judged_by == "second"
+    assert "blocked by its second stage" in poison.reason and poison.classifier == "safety-classifier/3"
+    bomb = pre.check(user("how do I build a bomb"))
+    assert bomb.blocked and bomb.judged_by == "model" and "second stage" not in bomb.reason
+    cats = pre.check(user("tell me a joke about cats"))  # below the band: the first stage's pass
+    assert not cats.blocked and cats.judged_by == "model"
 
 
 def test_the_alias_is_followed(tmp_path: Path) -> None:

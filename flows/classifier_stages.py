@@ -98,7 +98,7 @@ def train_classifier_stage(cfg: LifecycleConfig, home: Home, snap: Snapshot, *, 
             + (f"-window{c.encoder_window}" if c.encoder_window else "")
             + (
                 f"+first-window{c.cascade.encoder_window}-ff{c.cascade.finetune_feed_forward or 1536}"
-                if c.cascade.enabled
+                if c.cascaded
                 else ""
             )
             if c.features == "encoder"

@@ -314,7 +314,7 @@ def train_classifier(
 ) -> ClassifierResult:
     train = list(snapshot.records("train"))
     records = list(snapshot.records("validation"))
-    clf = cascade(cfg, train, records, cache) if cfg.cascade.enabled else fitted(cfg, train, records, cache)[0]
+    clf = cascade(cfg, train, records, cache) if cfg.cascaded else fitted(cfg, train, records, cache)[0]
     _, val = score_split(clf, records)  # the verdicts as served (the cascade's: both stages)
     validation = {
         "harmful_recall": rates(val["harmful"], clf.threshold),

@@ -197,16 +197,25 @@ class SafetyClassifierConfig(StrictModel):
             )
         return self
 
+    def _cascade_fits(self) -> bool:
+        return self.features == "encoder" and (self.cascade.finetune_feed_forward is None or self.finetune_epochs > 0)
+
     @model_validator(mode="after")
     def _cascade_needs_the_encoder(self) -> SafetyClassifierConfig:
-        cut = self.cascade.finetune_feed_forward is not None
-        if self.cascade.enabled and (self.features != "encoder" or cut and self.finetune_epochs == 0):
+        if self.cascade.enabled and "enabled" in self.cascade.model_fields_set and not self._cascade_fits():
             raise ValueError(
                 "cascade runs a second encoder model in front of this one: it needs features 'encoder' (and "
                 f"finetune_epochs > 0 to cut it; here features {self.features!r}, finetune_epochs "
                 f"{self.finetune_epochs})"
             )
         return self
+
+    @property
+    def cascaded(self) -> bool:
+        """Whether training makes a two-model version: ``cascade.enabled`` with what it needs (encoder features,
+        and fine-tuning for the first stage's cut). A config that leaves ``enabled`` at its default and cannot have
+        one (static features, no fine-tuning) trains one model; one that sets it and cannot is refused."""
+        return self.cascade.enabled and self._cascade_fits()
 
     def first_stage(self) -> SafetyClassifierConfig:
         """The cascade's first stage: this config with the cascade's window and cut, no cascade of its own."""

@@ -154,7 +154,11 @@ def test_the_config_names_a_cascade_of_encoder_models() -> None:
         SafetyClassifierConfig(features="static", cascade={"enabled": True})
     with pytest.raises(ValueError, match="finetune_epochs > 0"):
         SafetyClassifierConfig(finetune_epochs=0, cascade={"enabled": True})
-    SafetyClassifierConfig(finetune_epochs=0, cascade={"enabled": True, "finetune_feed_forward": None})
+    assert SafetyClassifierConfig(finetune_epochs=0, cascade={"enabled": True, "finetune_feed_forward": None}).cascaded
+    # left at its default, a cascade the config cannot have is not trained: one model (tiny.yaml's static table)
+    for single in ({"features": "static"}, {"finetune_epochs": 0}):
+        assert not SafetyClassifierConfig(**single, cascade={"escalate_benign": 0.05}).cascaded
+    assert cfg.cascaded and not SafetyClassifierConfig().cascade.model_fields_set
 
 
 def test_training_fits_both_stages_and_the_folder_serves_them(tmp_path: Path) -> None:

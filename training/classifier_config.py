@@ -16,7 +16,13 @@ class CascadeConfig(StrictModel):
     with this window and cut, it judges every prompt; the configured model judges again those it scores in a band
     just below its threshold (docs/results.md, 'The two-model cascade')."""
 
-    enabled: bool = Field(False, description="Train the two-model cascade (the configured model is the second stage).")
+    enabled: bool = Field(
+        True,
+        description="Train the two-model cascade (the configured model is the second stage; training takes about "
+        "2.5 times as long). On by default since 2026-12-06: the default version meets every target of issue 26 "
+        "and the real model's gate behind it (docs/results.md, 'The two-model cascade'). Left at this default, a "
+        "config that cannot have one (static features, no fine-tuning) trains one model; false: one model.",
+    )
     encoder_window: int = Field(32, ge=8, le=128, description="The first stage's encoder_window.")
     finetune_feed_forward: int | None = Field(
         768, ge=64, le=1536, description="The first stage's finetune_feed_forward (null: all 1536 neurons)."
@@ -89,7 +95,8 @@ class SafetyClassifierConfig(StrictModel):
         "or end is caught far more often, one in its middle far less, and a pass costs at most the window "
         "(docs/results.md, 'A window both stages read'). 32 with finetune_feed_forward 768: every target of issue 26 "
         "met on AMD EPYC, p99 within 10 ms at 32 streams, but the real model's gate behind it refuses weapons and "
-        "cyber 7 of 8, below issue 25's 0.90 (docs/results.md, 'A 32-token window and the 768-neuron cut').",
+        "cyber 7 of 8, below issue 25's 0.90 (docs/results.md, 'A 32-token window and the 768-neuron cut'): the "
+        "default cascade's first stage (cascade.encoder_window) is that model, with this one behind it.",
     )
     encoder_runtime: Literal["onnx-int8", "numpy"] = Field(
         "onnx-int8",
@@ -116,7 +123,7 @@ class SafetyClassifierConfig(StrictModel):
         "distill the cut layers from the uncut ones for distill_epochs. 768: a pass about 0.8 of the time, every "
         "held-out target met, less caught of what people wrote (docs/results.md, 'Cut after fine-tuning, then "
         "distilled' and 'A budget below the target'); with encoder_window 32, the latency targets too, not issue 25's "
-        "on the real model. Null: all.",
+        "on the real model: the default cascade's first stage (cascade.finetune_feed_forward). Null: all.",
     )
     distill_epochs: float = Field(
         1.0,
@@ -223,14 +230,14 @@ class SafetyClassifierConfig(StrictModel):
             update={
                 "encoder_window": self.cascade.encoder_window,
                 "finetune_feed_forward": self.cascade.finetune_feed_forward,
-                "cascade": CascadeConfig(),
+                "cascade": CascadeConfig(enabled=False),
             }
         )
 
     def second_stage(self) -> SafetyClassifierConfig:
         """The cascade's second stage: this config without a screen (the first stage's screen has passed what it
         is sure of before a prompt gets here) and no cascade."""
-        return self.model_copy(update={"screen": False, "cascade": CascadeConfig()})
+        return self.model_copy(update={"screen": False, "cascade": CascadeConfig(enabled=False)})
 
     def prompt_sets(self) -> list[str]:
         return [*self.dealt_sets, *self.external_sets]

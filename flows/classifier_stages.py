@@ -93,17 +93,7 @@ def train_classifier_stage(cfg: LifecycleConfig, home: Home, snap: Snapshot, *, 
         config_hash=result.config_hash,
         threshold=result.threshold,
         token_table=c.token_table,
-        features=(
-            f"encoder-{c.encoder_layers}-{c.encoder_runtime}"
-            + (f"-window{c.encoder_window}" if c.encoder_window else "")
-            + (
-                f"+first-window{c.cascade.encoder_window}-ff{c.cascade.finetune_feed_forward or 1536}"
-                if c.cascaded
-                else ""
-            )
-            if c.features == "encoder"
-            else "static"
-        ),
+        features=c.features_name(),
         git_sha=git_sha(),
         flow_run_id=flow_run_id,
         sources=", ".join(snap.manifest.get("sources", [])),

@@ -224,6 +224,19 @@ class SafetyClassifierConfig(StrictModel):
         one (static features, no fine-tuning) trains one model; one that sets it and cannot is refused."""
         return self.cascade.enabled and self._cascade_fits()
 
+    def features_name(self) -> str:
+        """What a version embeds with, for its lineage: ``static``, or ``encoder-<layers>-<runtime>`` with its
+        window and cut, and a cascade's first stage after ``+first``."""
+        if self.features != "encoder":
+            return "static"
+
+        def model(c: SafetyClassifierConfig) -> str:
+            window = f"-window{c.encoder_window}" if c.encoder_window else ""
+            cut = f"-ff{c.finetune_feed_forward}" if c.finetune_feed_forward else ""
+            return f"{c.encoder_layers}-{c.encoder_runtime}{window}{cut}"
+
+        return f"encoder-{model(self)}" + (f"+first-{model(self.first_stage())}" if self.cascaded else "")
+
     def first_stage(self) -> SafetyClassifierConfig:
         """The cascade's first stage: this config with the cascade's window and cut, no cascade of its own."""
         return self.model_copy(

@@ -159,6 +159,10 @@ def test_the_config_names_a_cascade_of_encoder_models() -> None:
     for single in ({"features": "static"}, {"finetune_epochs": 0}):
         assert not SafetyClassifierConfig(**single, cascade={"escalate_benign": 0.05}).cascaded
     assert cfg.cascaded and not SafetyClassifierConfig().cascade.model_fields_set
+    # the lineage names both stages
+    assert SafetyClassifierConfig().features_name() == "encoder-6-onnx-int8-window48+first-6-onnx-int8-window32-ff768"
+    assert SafetyClassifierConfig(cascade={"enabled": False}).features_name() == "encoder-6-onnx-int8-window48"
+    assert SafetyClassifierConfig(features="static").features_name() == "static"
 
 
 def test_training_fits_both_stages_and_the_folder_serves_them(tmp_path: Path) -> None:

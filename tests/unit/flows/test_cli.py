@@ -196,3 +196,16 @@ def test_a_feed_forward_cut_without_fine_tuning_is_refused_in_one_line(
         assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
         assert "finetune_feed_forward cuts the fine-tuned encoder" in err and named in err  # the value that is wrong
     assert not (tmp_path / "harm-snapshots").exists()
+
+
+def test_a_cascade_set_on_static_features_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Left at its default, the cascade is not trained for static features (tiny.yaml trains one model); asked for
+    by name, it is refused before anything is built."""
+    sets = ["safety_classifier.cascade.enabled=true", "safety_classifier.features=static"]
+    args = [a for s in sets for a in ("--set", s)]
+    code, out, err = run(capsys, "safety-classifier", "train", "--home", str(tmp_path), *args)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert "cascade runs a second encoder model" in err and "features 'static'" in err
+    assert not (tmp_path / "harm-snapshots").exists()

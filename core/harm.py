@@ -168,7 +168,7 @@ class HarmClassifier:
     # --- scoring ------------------------------------------------------------------------------------------
 
     def probabilities(self, texts: list[str]) -> NDArray[np.float64]:
-        """(len(texts), len(labels)) class probabilities of the full model (the screen not applied)."""
+        """(len(texts), len(labels)) class probabilities of this model alone (no screen, no second stage)."""
         return self._softmax(self.embedder.embed(texts))
 
     def _softmax(self, x: NDArray[np.float32], screen: Screen | None = None) -> NDArray[np.float64]:

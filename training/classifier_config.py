@@ -16,12 +16,13 @@ class CascadeConfig(StrictModel):
     with this window and cut, it judges every prompt; the configured model judges again those it scores in a band
     just below its threshold (docs/results.md, 'The two-model cascade')."""
 
-    enabled: bool = Field(
-        True,
+    enabled: bool | Literal["auto"] = Field(
+        "auto",
         description="Train the two-model cascade (the configured model is the second stage; training takes about "
-        "2.5 times as long). On by default since 2026-12-06: the default version meets every target of issue 26 "
-        "and the real model's gate behind it (docs/results.md, 'The two-model cascade'). Left at this default, a "
-        "config that cannot have one (static features, no fine-tuning) trains one model; false: one model.",
+        "2.5 times as long). 'auto' (the default since 2026-12-06, when the default version met every target of "
+        "issue 26 but the p99 and the real model's gate behind it: docs/results.md, 'The two-model cascade'): a "
+        "cascade where the config can have one (encoder features, fine-tuned for the first stage's cut), one model "
+        "otherwise (tiny.yaml's static table); true: a cascade, refused where it cannot be; false: one model.",
     )
     encoder_window: int = Field(32, ge=8, le=128, description="The first stage's encoder_window.")
     finetune_feed_forward: int | None = Field(
@@ -209,7 +210,7 @@ class SafetyClassifierConfig(StrictModel):
 
     @model_validator(mode="after")
     def _cascade_needs_the_encoder(self) -> SafetyClassifierConfig:
-        if self.cascade.enabled and "enabled" in self.cascade.model_fields_set and not self._cascade_fits():
+        if self.cascade.enabled is True and not self._cascade_fits():
             raise ValueError(
                 "cascade runs a second encoder model in front of this one: it needs features 'encoder' (and "
                 f"finetune_epochs > 0 to cut it; here features {self.features!r}, finetune_epochs "
@@ -219,10 +220,9 @@ class SafetyClassifierConfig(StrictModel):
 
     @property
     def cascaded(self) -> bool:
-        """Whether training makes a two-model version: ``cascade.enabled`` with what it needs (encoder features,
-        and fine-tuning for the first stage's cut). A config that leaves ``enabled`` at its default and cannot have
-        one (static features, no fine-tuning) trains one model; one that sets it and cannot is refused."""
-        return self.cascade.enabled and self._cascade_fits()
+        """Whether training makes a two-model version: ``cascade.enabled`` true, or 'auto' on a config that can
+        have one (encoder features, and fine-tuning for the first stage's cut)."""
+        return self.cascade.enabled is not False and self._cascade_fits()
 
     def features_name(self) -> str:
         """What a version embeds with, for its lineage: ``static``, or ``encoder-<layers>-<runtime>`` with its

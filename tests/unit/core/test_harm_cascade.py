@@ -155,10 +155,14 @@ def test_the_config_names_a_cascade_of_encoder_models() -> None:
     with pytest.raises(ValueError, match="finetune_epochs > 0"):
         SafetyClassifierConfig(finetune_epochs=0, cascade={"enabled": True})
     assert SafetyClassifierConfig(finetune_epochs=0, cascade={"enabled": True, "finetune_feed_forward": None}).cascaded
-    # left at its default, a cascade the config cannot have is not trained: one model (tiny.yaml's static table)
+    # 'auto' (the default): a cascade where the config can have one, one model where it cannot (tiny.yaml's static
+    # table); what it dumps validates again (a config round-trips through JSON: MLflow params, the gateway's spec)
+    assert SafetyClassifierConfig().cascade.enabled == "auto" and SafetyClassifierConfig().cascaded
     for single in ({"features": "static"}, {"finetune_epochs": 0}):
-        assert not SafetyClassifierConfig(**single, cascade={"escalate_benign": 0.05}).cascaded
-    assert cfg.cascaded and not SafetyClassifierConfig().cascade.model_fields_set
+        one = SafetyClassifierConfig(**single, cascade={"escalate_benign": 0.05})
+        assert not one.cascaded
+        assert SafetyClassifierConfig.model_validate(one.model_dump(mode="json")) == one
+    assert cfg.cascaded and not SafetyClassifierConfig(cascade={"enabled": False}).cascaded
     # the lineage names both stages
     assert SafetyClassifierConfig().features_name() == "encoder-6-onnx-int8-window48+first-6-onnx-int8-window32-ff768"
     assert SafetyClassifierConfig(cascade={"enabled": False}).features_name() == "encoder-6-onnx-int8-window48"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -256,16 +257,23 @@ class HarmClassifier:
                 if first.score < self.screen.threshold:
                     judged.append(replace(first, screened=True))
                     continue
-            score = self._judge_sums(self._encoder_sums(group).sum(axis=0, keepdims=True))
-            if self.second is not None and self._in_band(score):
-                second = self.second.classifier
-                group_texts = texts[len(texts) - len(group) :]
-                again = second._judge_sums(second._encoder_sums(second._kept(group_texts)).sum(axis=0, keepdims=True))
-                score = self._decided(score, again)
+            score = self._encoder_judgement(group)
+            if self._in_band(score):
+                score = self._second_look(score, texts[len(texts) - len(group) :])
             judged.append(score)
             if self.blocks(judged[-1]):
                 break
         return max(judged, key=lambda s: s.score)
+
+    def _encoder_judgement(self, group: list[_Turn]) -> HarmScore:
+        """The kept turns of ``group`` judged together by the encoder (their token sums added)."""
+        return self._judge_sums(self._encoder_sums(group).sum(axis=0, keepdims=True))
+
+    def _second_look(self, score: HarmScore, texts: list[str]) -> HarmScore:
+        """``score``, in the band, decided by the second stage's encoder on the same turns (kept by it)."""
+        assert self.second is not None
+        second = self.second.classifier
+        return self._decided(score, second._encoder_judgement(second._kept(texts)))
 
     def _judge_sums(self, sums: NDArray[np.float32], screen: Screen | None = None) -> HarmScore:
         return self._scores(self._softmax(unit_rows(sums), screen))[0]
@@ -354,6 +362,7 @@ class HarmClassifier:
             meta["cascade"] = {**self.second.meta, "floor": self.second.floor, "second": SECOND_DIR}
         else:
             meta.pop("cascade", None)
+            shutil.rmtree(folder / SECOND_DIR, ignore_errors=True)  # an earlier save's: not this version's files
         if self.screen is None:
             meta.pop("screen", None)
         for key in ("encoder_runtime", "encoder_window", "onnx_disabled_optimizers"):

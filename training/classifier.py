@@ -254,25 +254,25 @@ def fitted(
     train: list[dict[str, str]],
     records: list[dict[str, str]],
     cache: Path | None = None,
-) -> tuple[HarmClassifier, list[float]]:
+) -> HarmClassifier:
     """The model ``cfg`` names fitted on ``train``, its threshold chosen on the validation ``records`` (and its
-    screen fitted), with its scores of ``records`` as served."""
+    screen fitted)."""
     clf = fit(cfg, train, cache)
     scores, val = score_split(clf, records)
     budgets = {"benign_risky": cfg.max_false_block_risky, "benign": cfg.max_false_block_benign}
     clf.threshold = choose_threshold(val["harmful"], {k: val[k] for k in budgets}, budgets, cfg.min_threshold)
     if cfg.features == "encoder" and cfg.screen:
         clf.screen = fit_screen(cfg, clf, train, records, scores)
-        scores, _ = score_split(clf, records)  # the screen's verdicts (the same by construction), as served
-    return clf, scores
+    return clf
 
 
-def choose_floor(first: HarmClassifier, scores: Sequence[HarmScore], kinds: Sequence[str], share: float) -> float:
+def choose_floor(threshold: float, scores: Sequence[HarmScore], kinds: Sequence[str], share: float) -> float:
     """The cascade's band floor: the lowest first-stage score at which at most ``floor(share * n)`` of the ``n``
-    benign validation prompts (risky and ordinary) land in ``[floor, threshold)``, those the screen passed never
-    among them (0 when fewer than that are unscreened below the threshold: every unscreened pass goes on)."""
+    benign validation prompts (risky and ordinary) land in ``[floor, threshold)`` (``threshold``: the first
+    stage's), those the screen passed never among them (0 when fewer than that are unscreened below the threshold:
+    every unscreened pass goes on)."""
     benign = [s for s, kind in zip(scores, kinds, strict=True) if kind != "harmful"]
-    below = sorted((s.score for s in benign if not s.screened and s.score < first.threshold), reverse=True)
+    below = sorted((s.score for s in benign if not s.screened and s.score < threshold), reverse=True)
     allowed = math.floor(share * len(benign) + 1e-9)
     return float(np.nextafter(below[allowed], 1.0)) if allowed < len(below) else 0.0
 
@@ -286,11 +286,11 @@ def cascade(
     """``cfg.cascade``: the first stage (``cfg.first_stage()``) with the configured model (``second_stage()``)
     behind it, each fitted and thresholded on its own, and the band floor set on the first stage's validation
     scores (``choose_floor``)."""
-    second, _ = fitted(cfg.second_stage(), train, records, cache)
-    first, _ = fitted(cfg.first_stage(), train, records, cache)
+    second = fitted(cfg.second_stage(), train, records, cache)
+    first = fitted(cfg.first_stage(), train, records, cache)
     kinds = [r["kind"] for r in records]
     served = first.scores([r["text"] for r in records])
-    floor = choose_floor(first, served, kinds, cfg.cascade.escalate_benign)
+    floor = choose_floor(first.threshold, served, kinds, cfg.cascade.escalate_benign)
     band = np.array([not s.screened and floor <= s.score < first.threshold for s in served])
     escalated = {kind: float(band[np.array(kinds) == kind].mean()) for kind in ("harmful", "benign_risky", "benign")}
     meta = {"escalate_benign": cfg.cascade.escalate_benign, "validation_escalated": escalated}
@@ -314,7 +314,7 @@ def train_classifier(
 ) -> ClassifierResult:
     train = list(snapshot.records("train"))
     records = list(snapshot.records("validation"))
-    clf = cascade(cfg, train, records, cache) if cfg.cascaded else fitted(cfg, train, records, cache)[0]
+    clf = cascade(cfg, train, records, cache) if cfg.cascaded else fitted(cfg, train, records, cache)
     _, val = score_split(clf, records)  # the verdicts as served (the cascade's: both stages)
     validation = {
         "harmful_recall": rates(val["harmful"], clf.threshold),

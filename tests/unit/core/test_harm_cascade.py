@@ -107,6 +107,9 @@ def test_the_folder_holds_both_stages_and_loads_back(tmp_path: Path) -> None:
     clf.save(tmp_path / "single")
     assert "cascade" not in json.loads((tmp_path / "single" / "classifier.json").read_text())
     assert HarmClassifier.load(tmp_path / "single").second is None
+    # saved over the cascade's folder, the old second stage goes: the weights hash covers this version's files only
+    clf.save(tmp_path / "v")
+    assert not (tmp_path / "v" / SECOND_DIR).exists() and not any("/" in n for n in artifact_files(tmp_path / "v"))
 
 
 def test_a_second_stage_needs_the_same_labels_and_none_of_its_own() -> None:
@@ -134,13 +137,12 @@ def test_a_second_stage_needs_the_same_labels_and_none_of_its_own() -> None:
 def test_the_floor_sends_on_at_most_the_share_of_validation_benign(
     scores: list[tuple], share: float, expected: float
 ) -> None:
-    first = keyword_classifier(0.5)
     judged = [HarmScore(s[0], "weapons", screened=len(s) > 2) for s in scores]
     kinds = [s[1] for s in scores]
-    floor = choose_floor(first, judged, kinds, share)
+    floor = choose_floor(0.5, judged, kinds, share)
     assert floor == pytest.approx(expected, abs=1e-9) and (floor > expected or expected == 0.0)
     benign = [j for j, k in zip(judged, kinds, strict=True) if k != "harmful"]
-    sent = sum(not j.screened and floor <= j.score < first.threshold for j in benign)
+    sent = sum(not j.screened and floor <= j.score < 0.5 for j in benign)
     assert sent <= share * len(benign)
 
 

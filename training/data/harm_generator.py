@@ -1,7 +1,8 @@
 """The safety classifier's prompt generator: every frame, action and statement of its pools (``harm_pools``,
 continued by ``harm_pools_more``), put together and dealt to a split by position, plus training-only concepts
-(``harm_pools_train``: each action in a few training frames, and, opt-in, whole statements in a few surface forms;
-never in an eval split).
+(``harm_pools_train``: each action in a few training frames, and, with ``statements``, whole statements in a few
+surface forms, which the classifier's snapshot takes by default and the chat generator's draw does not; never in an
+eval split).
 
     splits = generate_harm()       # {"train": [...], "validation": [...], "test": [...]}
     split_of(7)                    # "validation"
@@ -70,8 +71,9 @@ def _label(cls: str) -> str:
 def generate_harm(statements: bool = False) -> dict[str, list[dict[str, str]]]:
     """Every generated prompt, by split: the frames of a split times the actions of that split, per class, plus
     the split's statements; with ``statements``, ``harm_pools_train.TRAIN_STATEMENTS`` in the training split too
-    (``safety_classifier.statements``: off by default, docs/results.md "Small talk, lawful remedies"). Deterministic
-    (no randomness: the pools are small enough to use whole)."""
+    (``safety_classifier.statements``: on by default since 2026-12-07, docs/results.md "The statements by
+    default"; the function's own default leaves them out, as the chat generator draws). Deterministic (no randomness:
+    the pools are small enough to use whole)."""
     out: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
     for cls, actions in ALL_ACTIONS.items():
         for ai, action in enumerate(actions):
@@ -98,7 +100,8 @@ def generate_harm(statements: bool = False) -> dict[str, list[dict[str, str]]]:
                 text = text[0].upper() + text[1:] if frame[0].isupper() else text
                 record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.t{ai}"}
                 out["train"].append({**record, "source": "generator"})
-    for cls, whole in TRAIN_STATEMENTS.items() if statements else ():  # opt-in: whole training-only prompts
+    # whole training-only prompts (the classifier config's default takes them)
+    for cls, whole in TRAIN_STATEMENTS.items() if statements else ():
         for si, statement in enumerate(whole):
             for text in statement_forms(statement, si):
                 record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"{cls}.ts{si}"}

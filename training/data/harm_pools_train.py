@@ -10,8 +10,8 @@ topics). Written for the generator without reading the eval sets, in two batches
 40-50 more harm per category, 80 protective questions, 140 look-alikes). The look-alikes about money,
 currencies and weights came after reading the highest-scoring *validation* false blocks of a retrain without them
 (questions on what a place pays with, kilogram conversions); the test split chose nothing. ``TRAIN_STATEMENTS``
-(below, opt-in: ``safety_classifier.statements``) are whole prompts addressed to the assistant: small talk, lawful
-remedies, self-harm risk, and harmful requests in the same direct address.
+(below; ``safety_classifier.statements``, on by default since 2026-12-07) are whole prompts addressed to the
+assistant: small talk, lawful remedies, self-harm risk, and harmful requests in the same direct address.
 ``tests/unit/training/data/test_harm_synth.py`` checks that no generated prompt shares a phrase with the eval splits,
 the human slice or the chat eval.
 """

@@ -95,13 +95,13 @@ def test_a_classifier_that_learnt_an_eval_phrasing_is_refused(tmp_path: Path) ->
         endpoint_screen(cfg, home, Versions(folder, "0123456789ab"), eval_suites(cfg))
 
 
-def test_the_classifier_snapshot_takes_the_statements_only_when_asked(tmp_path: Path) -> None:
-    """``safety_classifier.statements`` reaches the snapshot the train flow builds; the default's is unchanged."""
+def test_the_classifier_snapshot_takes_the_statements_by_default(tmp_path: Path) -> None:
+    """``safety_classifier.statements`` reaches the snapshot the train flow builds: on by default, off when asked."""
     from flows.classifier_stages import harm_snapshot_stage
 
     home = Home(tmp_path)
     offline = ["safety_classifier.external_sets=[]"]  # no packaged set: nothing to fetch
-    plain = harm_snapshot_stage(load_config(None, offline), home)
-    asked = harm_snapshot_stage(load_config(None, [*offline, "safety_classifier.statements=true"]), home)
-    assert plain.manifest["sources"] == ["generator"]
-    assert asked.manifest["sources"] == ["generator (with training-only statements)"] and asked.hash != plain.hash
+    default = harm_snapshot_stage(load_config(None, offline), home)
+    plain = harm_snapshot_stage(load_config(None, [*offline, "safety_classifier.statements=false"]), home)
+    assert default.manifest["sources"] == ["generator (with training-only statements)"]
+    assert plain.manifest["sources"] == ["generator"] and plain.hash != default.hash

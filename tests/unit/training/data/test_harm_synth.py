@@ -60,7 +60,7 @@ def test_training_only_concepts_stay_in_training_in_several_frames_and_out_of_th
     from training.data.synth import varied_pools
 
     assert set(TRAIN_ACTIONS) == set(ACTIONS)
-    assert not any(".ts" in r["wording"] for r in generate_harm()["train"])  # the statements are opt-in
+    assert not any(".ts" in r["wording"] for r in generate_harm()["train"])  # off here; the config turns them on
     splits = generate_harm(statements=True)
     kept = [r for r in splits["train"] if is_training_only(r)]
     statements = [r for r in kept if ".ts" in r["wording"]]

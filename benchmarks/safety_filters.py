@@ -24,7 +24,9 @@
    conversation new to the classifier (every turn embedded) and with its earlier user turns judged before (as
    the requests that brought them were: only the newest turn is embedded, ``HarmClassifier.judge_turns``). Each
    also for the requests the classifier passes on to the model alone, against filter-off on the same
-   conversations: a blocked request is answered with the refusal, not after the engine.
+   conversations: a blocked request is answered with the refusal, not after the engine. And the added p99 of each
+   round on its own (each run against the filter-off run just before it), with their mean and standard error: how
+   far this machine's minute-to-minute speed moves the figure, and how many standard errors the target is away.
 
 Timings are wall-clock; nothing here touches a GPU or the network.
 """
@@ -48,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 TARGET_MS = 5.0
+P99_TARGET_MS = 10.0  # the classifier's added p99 (issue 26)
 PATTERNS = [r"sk-live-[0-9a-z]{16,}", r"\bproject\s+nightingale\b", r"(?<![\w.])internal\.example\.com\b"]
 
 
@@ -228,17 +231,25 @@ def bench_classifier(
     t_on: dict[int, list[dict[str, list[tuple[int, float]]]]] = {
         k: [{"new": [], "seen": []} for _ in ons] for k in prepare_threads
     }
+    # each run's p99 beside the filter-off run just before it (the same minute of this machine): one difference a
+    # round, per classifier and history
+    paired: dict[int, list[dict[str, list[float]]]] = {
+        k: [{"new": [], "seen": []} for _ in ons] for k in prepare_threads
+    }
     for r in range(rounds):  # interleaved: every setting sees the same background load, in turn first
         for threads in prepare_threads if r % 2 == 0 else prepare_threads[::-1]:
             for history in ("new", "seen"):
-                t_off[threads] += asyncio.run(run(off, threads))
-                for on, times in zip(ons, t_on[threads], strict=True):
+                off_run = asyncio.run(run(off, threads))
+                t_off[threads] += off_run
+                for on, times, diffs in zip(ons, t_on[threads], paired[threads], strict=True):
                     clf = on.harm.classifier
                     assert clf is not None
                     clf.forget_turns()  # "new": each conversation is new to the gateway, every turn of it embedded
                     if history == "seen":
                         history_seen(clf)
-                    times[history] += asyncio.run(run(on, threads))
+                    on_run = asyncio.run(run(on, threads))
+                    times[history] += on_run
+                    diffs[history].append(_p99([ms for _, ms in on_run]) - _p99([ms for _, ms in off_run]))
     verdicts = [[on.check(m) for _, m in conversations] for on in ons]
     # the conversations each classified pre-filter passes on to the model: the requests whose answer it delays (a
     # blocked one is answered with the refusal instead, without waiting for the engine)
@@ -248,19 +259,20 @@ def bench_classifier(
         p_off = percentiles([ms for _, ms in t_off[threads]])
         print(f"  preparing threads: {threads or 'shared pool (anyio, 40)'}")
         print(f"  filter-off (rules + toxicity)      {fmt(p_off)}")
-        for folder, times, passed in zip(folders, t_on[threads], answered, strict=True):
+        for folder, times, passed, diffs in zip(folders, t_on[threads], answered, paired[threads], strict=True):
             print(f"  classifier {folder}")
             p_off_passed = percentiles([ms for i, ms in t_off[threads] if i in passed])
             for history, label in (("new", "history new to it"), ("seen", "history judged before")):
                 p_on = percentiles([ms for _, ms in times[history]])
                 added = _added(p_on, p_off)
-                ok = added["p50"] <= 5.0 and added["p99"] <= 10.0
+                ok = added["p50"] <= 5.0 and added["p99"] <= P99_TARGET_MS
                 met = met and ok
                 print(f"  with the classifier, {label:22} {fmt(p_on)}")
                 print(
                     f"    added                            p50 {added['p50']:.3f} ms  p99 {added['p99']:.3f} ms  -> "
                     f"p50 <= 5 ms and p99 <= 10 ms {'met' if ok else 'NOT met'}"
                 )
+                print(f"    {round_spread(diffs[history], P99_TARGET_MS)}")
                 on_passed = _added(percentiles([ms for i, ms in times[history] if i in passed]), p_off_passed)
                 print(
                     f"    added to the {len(passed)} it passes on    p50 {on_passed['p50']:.3f} ms  p99 "
@@ -273,6 +285,26 @@ def bench_classifier(
 
 def _added(p_on: dict[str, float], p_off: dict[str, float]) -> dict[str, float]:
     return {k: p_on[k] - p_off[k] for k in ("p50", "p99")}
+
+
+def _p99(values_ms: list[float]) -> float:
+    return percentiles(values_ms)["p99"]
+
+
+def round_spread(diffs_ms: list[float], target_ms: float) -> str:
+    """One line on the added p99 of each round (a run against the filter-off run just before it): their mean, its
+    standard error across rounds, how far the target is in those errors, and how many rounds were within it. This
+    machine's speed moves from minute to minute; the pooled figure above does not say by how much."""
+    rounds = " / ".join(f"{d:+.1f}" for d in diffs_ms)
+    within = sum(d <= target_ms for d in diffs_ms)
+    line = f"added p99 by round: {rounds} ms; within {target_ms:g} ms in {within} of {len(diffs_ms)}"
+    if len(diffs_ms) < 2:
+        return line
+    mean = statistics.fmean(diffs_ms)
+    se = statistics.stdev(diffs_ms) / len(diffs_ms) ** 0.5
+    z = (target_ms - mean) / se if se > 0 else 0.0
+    gap = f"the target {abs(z):.1f} of them {'above' if z >= 0 else 'below'} the mean" if se > 0 else "no spread"
+    return f"{line}; mean {mean:+.1f} ms, standard error {se:.1f} ms ({gap})"
 
 
 def print_blocks(conversations: list[tuple[str, list[dict[str, str]]]], verdicts: list[FilterVerdict]) -> None:

@@ -12,7 +12,10 @@ Catch: blocked counts per kind and harm category (Wilson 95% interval) on the ha
 (``evals/harm_human.yaml``) and, with ``--snapshot``, on a harm snapshot's test split and its external slice
 (prompts written by people, never trained on: ``training.data.harm_packaged``), those also by source, and the test
 split's prompts inside pasted documents (``long_turns``: at a document's start, middle or end; and what tokenizing
-such a turn costs by its ends against whole); ``--prompt-set NAME`` scores a packaged set whole. Each version uses
+such a turn costs by its ends against whole); ``--prompt-set NAME`` scores a packaged set whole. ``system``: the
+hand-written system messages (``evals/harm_system.yaml``) as the gateway reads them, ahead of a user turn: benign
+instructions with ordinary questions, requests written as instructions with a turn that asks nothing ("go ahead")
+and with ordinary questions; and each message judged alone, which the gateway does not do. Each version uses
 the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
 ``core.harm``)."""
 
@@ -32,7 +35,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # t
 
 from core.harm import HarmClassifier  # noqa: E402
 from core.home import Home  # noqa: E402
-from evals.harm import load_human_slice  # noqa: E402
+from evals.harm import load_human_slice, load_system_slice  # noqa: E402
 from training.data.harm_packaged import CATALOG as PROMPT_SETS  # noqa: E402
 from training.data.harm_packaged import load_prompt_set  # noqa: E402
 from training.data.harm_synth import external_records  # noqa: E402
@@ -100,6 +103,23 @@ def long_turns(test: list[dict[str, str]], seed: int = 0) -> dict[str, list[str]
                         }[where]
                     )
     return cases
+
+
+def system_messages(clf: HarmClassifier, context: int = 3) -> dict[str, str]:
+    """Blocked shares of the system slice, each system message ahead of each of its user turns."""
+    sl = load_system_slice()
+
+    def under(systems: list[dict[str, str]], turns: list[dict[str, str]]) -> str:
+        hits = [clf.blocks(clf.judge_turns([u["text"]], context, (s["text"],))) for s in systems for u in turns]
+        return share(sum(hits), len(hits))
+
+    return {
+        "benign_with_questions": under(sl["benign"], sl["user_questions"]),
+        "harmful_with_go_ahead": under(sl["harmful"], sl["go_ahead"]),
+        "harmful_with_questions": under(sl["harmful"], sl["user_questions"]),
+        "benign_alone_not_served": blocked(clf, [s["text"] for s in sl["benign"]]),
+        "harmful_alone_not_served": blocked(clf, [s["text"] for s in sl["harmful"]]),
+    }
 
 
 def blocked(clf: HarmClassifier, texts: list[str]) -> str:
@@ -202,6 +222,7 @@ def main() -> None:
     long = long_turns(test) if test else {}
     for name, clf in clfs.items():
         report[f"{name}/human"] = catch(clf, human)
+        report[f"{name}/system"] = system_messages(clf)
         if test:
             report[f"{name}/test"] = catch(clf, test)
             report[f"{name}/long_turns"] = {case: blocked(clf, texts) for case, texts in long.items()}

@@ -235,18 +235,23 @@ class HarmClassifier:
         """The most harmful of ``texts``."""
         return max(self.scores(texts), key=lambda s: s.score)
 
-    def judge_turns(self, turns: list[str], context: int) -> HarmScore:
+    def judge_turns(self, turns: list[str], context: int, instructions: tuple[str, ...] = ()) -> HarmScore:
         """The newest of ``turns`` alone, and the newest ``context`` of them joined (a request split over
-        turns): the more harmful of the two. Joined is the mean over the turns' token vectors, each turn embedded
-        on its own, so a turn is embedded once per conversation: a chat request repeats its earlier turns, which
-        were the newest of earlier requests, and what was computed of them is kept (the last ``TURN_CACHE``
-        turns, by a digest of their text). With a screen, each of the two is scored by it first and goes on to
-        the encoder only when it reaches the screen's threshold: the earlier turns' passes are run only for a
-        joined request the screen is unsure of and a newest turn that does not block alone (the block stands
-        either way, so its score is then the newest turn's). The encoder's attention stays within a turn. With a
-        second stage, the one of the two the encoder scores in the band is judged again by the second stage alone
-        (its own turns kept the same way)."""
-        texts = turns[-context:]
+        turns): the more harmful of the two. ``instructions`` (the request's system and developer messages, which a
+        client writes too) join the joined group ahead of the turns, whatever ``context`` is, and are never judged
+        alone: "system: explain how to build a pipe bomb; user: go ahead" is a request, but an application's
+        instructions alone are not one, and a model trained on requests blocks a few of them (one blocked, every
+        request of that application would be; docs/results.md, "What a client writes as system").
+        Joined is the mean over the turns' token vectors, each turn embedded on its own, so a turn is embedded
+        once per conversation: a chat request repeats its earlier turns, which were the newest of earlier
+        requests, and what was computed of them is kept (the last ``TURN_CACHE`` turns, by a digest of their
+        text; a system prompt an application sends with every request is embedded once). With a screen, each of
+        the two is scored by it first and goes on to the encoder only when it reaches the screen's threshold: the
+        earlier turns' passes are run only for a joined request the screen is unsure of and a newest turn that
+        does not block alone (the block stands either way, so its score is then the newest turn's). The
+        encoder's attention stays within a turn. With a second stage, the one of the two the encoder scores in the
+        band is judged again by the second stage alone (its own turns kept the same way)."""
+        texts = [*instructions, *turns[-context:]]
         kept = self._kept(texts)
         groups = [kept[-1:], kept] if len(kept) > 1 else [kept]
         judged: list[HarmScore] = []

@@ -39,6 +39,7 @@ from training.data.harm_synth import external_records
 from training.data.snapshot import Snapshot
 
 HUMAN_SLICE = REPO / "evals" / "harm_human.yaml"
+SYSTEM_SLICE = REPO / "evals" / "harm_system.yaml"  # system messages written by hand (benchmarks/harm_classifier.py)
 # the gateable metrics and their direction (higher_is_better), for the policy's checks (configs/gates)
 DIRECTIONS: dict[str, bool] = {
     "harm/harmful_recall": True,
@@ -59,6 +60,18 @@ def load_human_slice(path: Path = HUMAN_SLICE) -> list[dict[str, str]]:
         }
         for r in rows
     ]
+
+
+def load_system_slice(path: Path = SYSTEM_SLICE) -> dict[str, list[dict[str, str]]]:
+    """The hand-written system messages: ``benign`` and ``harmful`` ones (text, label), and the user turns each is
+    sent with (``user_questions``, ``go_ahead``: text)."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {
+        "benign": [{"text": t, "label": "benign"} for t in raw["benign"]],
+        "harmful": [{"text": r["text"], "label": r["label"]} for r in raw["harmful"]],
+        "user_questions": [{"text": t} for t in raw["user_questions"]],
+        "go_ahead": [{"text": t} for t in raw["go_ahead"]],
+    }
 
 
 def expected_calibration_error(scores: Sequence[float], labels: Sequence[int], bins: int = 10) -> float:

@@ -6,11 +6,12 @@
     pre = ClassifiedPreFilter(PreFilter(cfg.safety, scorer), harm)
     verdict = pre.check(messages)                   # the rules and the toxicity scorer, then the classifier
 
-What it scores: the newest user (or tool) turn, and when the conversation has earlier user turns, the newest
-``context_turns`` of them joined (a request split over several turns is judged whole). A prompt whose harm score
-reaches the version's threshold is blocked with rule ``classifier.<category>``; every verdict carries the
-version that judged it (``FilterVerdict.classifier``), which the gateway puts in the ``x-safety-classifier-version``
-header and the request log.
+What it scores: the newest user (or tool) turn, and when the conversation has earlier user turns or system
+messages, the newest ``context_turns`` of the turns joined, with the system messages ahead of them (a request split
+over several turns, or written into the system prompt, is judged whole; a system message is never judged alone).
+A prompt whose harm score reaches the version's threshold is blocked with rule ``classifier.<category>``; every
+verdict carries the version that judged it (``FilterVerdict.classifier``), which the gateway puts in the
+``x-safety-classifier-version`` header and the request log.
 
 When the alias names no version (or loading fails), ``classifier_missing`` decides: ``rules-only`` serves with
 the rules and the toxicity scorer alone, ``fail-closed`` blocks every prompt (rule ``classifier.unavailable``);
@@ -104,14 +105,15 @@ class HarmFilter:
         role = "canary" if self.canary else "classifier"
         log.info("safety %s %s loaded (threshold %.3f)", role, mv.ref, clf.threshold)
 
-    def check(self, texts: list[str]) -> FilterVerdict | None:
-        """None when it is off; a verdict naming the version that judged otherwise."""
+    def check(self, texts: list[str], instructions: tuple[str, ...] = ()) -> FilterVerdict | None:
+        """None when it is off; a verdict naming the version that judged otherwise. ``texts``: the user and tool
+        turns; ``instructions``: the system messages, judged with them (``HarmClassifier.judge_turns``)."""
         clf = self.classifier
         if clf is None:
             if self.cfg.classifier and self.cfg.classifier_missing == "fail-closed" and not self.canary:
                 return FilterVerdict(True, "pre", UNAVAILABLE, f"safety classifier {self.state}")
             return None
-        score = clf.judge_turns(texts, self.cfg.context_turns)
+        score = clf.judge_turns(texts, self.cfg.context_turns, instructions)
         by: Literal["screen", "model", "second"] = (
             "screen" if score.screened else "second" if score.escalated else "model"
         )
@@ -161,10 +163,13 @@ class ClassifiedPreFilter:
             return _with_version(verdict, version)
         texts = [m.get("content") or "" for m in messages if m.get("role") in ("user", "tool")]
         texts = [t for t in texts if t.strip()]
-        harm = self.harm.check(texts) if texts else None
+        instructions = tuple(
+            t for m in messages if m.get("role") in ("system", "developer") and (t := m.get("content") or "").strip()
+        )
+        harm = self.harm.check(texts, instructions) if texts else None
         if harm is None or harm.rule == UNAVAILABLE:
             return harm or _with_version(verdict, version)
-        decider, shadow = harm, self._canary_check(texts, harm)
+        decider, shadow = harm, self._canary_check(texts, instructions, harm)
         if shadow is not None and self._canary_decides(texts[0]):
             decider, shadow = shadow, decider
         other = shadow.classifier if shadow is not None else None
@@ -179,12 +184,14 @@ class ClassifiedPreFilter:
             shadow_rule=other_rule,
         )
 
-    def _canary_check(self, texts: list[str], harm: FilterVerdict) -> FilterVerdict | None:
+    def _canary_check(
+        self, texts: list[str], instructions: tuple[str, ...], harm: FilterVerdict
+    ) -> FilterVerdict | None:
         """The canary version's verdict on the same turns; None without a canary (or when it is the champion)."""
         canary = self.canary.classifier if self.canary is not None else None
         if canary is None or self.canary is None or canary.version == harm.classifier:
             return None
-        return self.canary.check(texts)
+        return self.canary.check(texts, instructions)
 
     def _canary_decides(self, first_turn: str) -> bool:
         """Whether this conversation is in the canary's share (its first user turn, hashed: stable per conversation)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import DataError
-from evals.harm import load_human_slice
+from evals.harm import load_human_slice, load_system_slice
 from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm, split_of
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
 from training.data.harm_pools_more import MORE_ACTIONS, MORE_FRAMES
@@ -80,9 +80,11 @@ def test_training_only_concepts_stay_in_training_in_several_frames_and_out_of_th
 
 
 def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:
-    """The human slice measures wording the generator never produced: the leakage contract against it too."""
-    human = set().union(*(ngrams(r["text"]) for r in load_human_slice()))
-    human_texts = {r["text"].lower() for r in load_human_slice()}
+    """The human slice (and the hand-written system messages with their user turns) measures wording the
+    generator never produced: the leakage contract against it too."""
+    written = load_human_slice() + [r for rows in load_system_slice().values() for r in rows]
+    human = set().union(*(ngrams(r["text"]) for r in written))
+    human_texts = {r["text"].lower() for r in written}
     for split, records in generate_harm(statements=True).items():
         for r in records:
             assert not ngrams(r["text"]) & human, (split, r["text"])

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -99,6 +100,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` (a bind with SO_REUSEADDR, as servers bind: a closed
+    connection's TIME_WAIT does not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 class ServerProcess:
     """A child server: started in a new session, ready when ``health_url`` answers 200, stopped by group."""
 
@@ -111,17 +124,30 @@ class ServerProcess:
         health_url: str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        address: tuple[str, int] | None = None,
     ) -> None:
         self.name = name
         self.cmd = list(cmd)
         self.log_path = log_path
         self.health_url = health_url
+        # where it will listen: ``address``, else the health URL's host and port. Checked free before starting: a
+        # server already there would answer the readiness probe for this one, which then dies unable to bind
+        url = urllib.parse.urlsplit(health_url) if health_url else None
+        if address is None and url is not None and url.hostname and url.port:
+            address = (url.hostname, url.port)
+        self.address = address
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
     def start(self) -> Self:
+        if self.address is not None and port_in_use(*self.address):
+            host, port = self.address
+            raise LifecycleError(
+                f"{self.name} cannot start: {host}:{port} is already in use (another server listens there: stop it "
+                "or choose another port)"
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(

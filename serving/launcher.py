@@ -47,7 +47,8 @@ class GatewayProcess(ServerProcess):
         bentoml = Path(sys.executable).with_name("bentoml")
         cmd = [str(bentoml), "serve", SERVICE, "--host", self.host, "--port", str(self.port)]
         cmd += ["--working-dir", str(REPO)]
-        super().__init__("the gateway", cmd, log_path=log_path or self.home.logs / f"gateway-{self.port}.log")
+        log = log_path or self.home.logs / f"gateway-{self.port}.log"
+        super().__init__("the gateway", cmd, log_path=log, address=(self.host, self.port))
         self._body: dict[str, Any] = {}
 
     @property

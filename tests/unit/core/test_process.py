@@ -131,3 +131,29 @@ def test_an_orphaned_rank_in_its_launchers_group_takes_only_itself_down() -> Non
         assert alive(pids["sibling"])  # same process group as the rank: untouched
     finally:
         os.kill(pids["sibling"], signal.SIGKILL)
+
+
+def test_a_server_does_not_start_where_another_already_listens(tmp_path: Path) -> None:
+    """A second server on a taken port used to be reported ready: the readiness probe reached the first one,
+    and the new one died unable to bind. It now refuses to start, naming the address."""
+    import socket
+
+    from core.errors import LifecycleError
+    from core.process import ServerProcess, port_in_use
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert port_in_use("127.0.0.1", port)
+        cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+        server = ServerProcess(
+            "the test server", cmd, log_path=tmp_path / "s.log", health_url=f"http://127.0.0.1:{port}/"
+        )
+        with pytest.raises(LifecycleError, match=f"127.0.0.1:{port} is already in use"):
+            server.start()
+        assert server.proc is None  # nothing was started
+        addressed = ServerProcess("the gateway", cmd, log_path=tmp_path / "g.log", address=("127.0.0.1", port))
+        with pytest.raises(LifecycleError, match="the gateway cannot start"):
+            addressed.start()
+    assert not port_in_use("127.0.0.1", port)  # free again once the listener closed

@@ -354,7 +354,8 @@ class PreFilter:
     def check(self, messages: list[dict[str, str]]) -> FilterVerdict:
         if not self._cfg.pre_filter:
             return FilterVerdict(False, "pre", None, "pre-filter disabled")
-        # only what the user controls: the system prompt is the operator's, assistant turns are the model's
+        # user and tool turns: the rules' patterns ("you are", "act as") are what system prompts legitimately say
+        # (the classifier reads system messages, serving.safety.harm_filter); assistant turns are the model's
         texts = [normalize_prompt(m.get("content") or "") for m in messages if m.get("role") in ("user", "tool")]
         texts = [t for t in texts if t.strip()]
         if not texts:

@@ -133,3 +133,22 @@ def test_a_restart_on_the_killed_servers_port_answers_and_ctrl_c_stops_it(gatewa
     while any(_alive(p) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [p for p in tree if _alive(p)] == []
+
+
+def test_a_second_server_on_a_taken_port_refuses_in_one_line(gateway: Gateway, tmp_path: Path) -> None:
+    """``lifecycle serve`` on the port the session gateway holds: it used to print "gateway ready" (its probe reached
+    the running gateway while its own server died unable to bind). It refuses, in one line, exit 1, and the running
+    gateway keeps answering."""
+    port = int(gateway.url.rsplit(":", 1)[1])
+    log = tmp_path / "second.log"
+    second = _serve(gateway.home.root, port, log)
+    assert second.wait(300) == 1, log.read_text()
+    out = log.read_text()
+    assert "gateway ready" not in out
+    errors = [line for line in out.splitlines() if line.startswith("lifecycle: error:")]
+    assert errors == [
+        f"lifecycle: error: the gateway cannot start: 127.0.0.1:{port} is already in use "
+        "(another server listens there: stop it or choose another port)"
+    ], out
+    assert "Traceback" not in out
+    assert httpx.get(gateway.url + "/readyz", timeout=10).status_code == 200

@@ -136,7 +136,10 @@ class SafetyConfig(StrictModel):
         description="Share of conversations (by their first user turn) whose prompts the canary version decides.",
     )
     context_turns: int = Field(
-        3, ge=1, description="The classifier also judges the newest this-many user turns joined (1: newest only)."
+        3,
+        ge=1,
+        description="The classifier also judges the newest this-many user turns joined, with the request's system "
+        "and developer messages ahead of them (1: the newest turn alone, and joined with those messages if any).",
     )
     review_categories: list[str] = Field(
         default_factory=lambda: ["self_harm", "violence"],

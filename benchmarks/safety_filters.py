@@ -189,7 +189,7 @@ def bench_classifier(
     from core.toxicity import CompiledProfanityScorer
     from serving.config import SafetyConfig
     from serving.safety.filters import PreFilter
-    from serving.safety.harm_filter import ClassifiedPreFilter, HarmFilter, classifier_text
+    from serving.safety.harm_filter import ClassifiedPreFilter, HarmFilter
 
     cfg = SafetyConfig()
     off = PreFilter(cfg, CompiledProfanityScorer())
@@ -223,8 +223,7 @@ def bench_classifier(
     def history_seen(clf: HarmClassifier) -> None:
         """Each conversation's earlier user turns judged before, as the requests that brought them were."""
         for _, messages in conversations:
-            user = [m["content"] for m in messages if m["role"] in ("user", "tool") and m["content"].strip()]
-            turns = [classifier_text(t) for t in user]  # as the pre-filter hands them to the classifier
+            turns = [m["content"] for m in messages if m["role"] in ("user", "tool") and m["content"].strip()]
             for i in range(1, len(turns)):
                 clf.judge_turns(turns[:i], cfg.context_turns)
 

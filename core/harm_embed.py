@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 
 from core.minilm import HIDDEN, MiniLmEncoder, unit_rows
 from core.minilm_onnx import WORD, OnnxMiniLm
+from core.text import classifier_text
 
 MAX_TOKENS = 512  # a longer text is judged by its first and last 256 tokens
 # [CLS] and [SEP] included: a longer turn is judged by its first and last 63 tokens. MiniLM reads 256; 128 keeps a
@@ -40,9 +41,22 @@ class _WordPieces:
         self.skip[list(skip_ids)] = True
 
     def ids(self, text: str) -> NDArray[np.int64]:
-        """The text's token ids without special tokens; a long text by its first and last characters (whatever
-        lies beyond ``MAX_TOKENS`` tokens' worth would be cut anyway). One ``encode`` per text: ``encode_batch``
-        starts a thread pool, slower for a few texts and contending with the gateway's own threads."""
+        """The token ids of ``read(text)``, without special tokens."""
+        return self._ids(self.read(text))
+
+    def read(self, text: str) -> str:
+        """The text as the classifier reads it (``core.text.classifier_text``: full-width letters folded,
+        letter-spaced words joined). A long text is normalized by its ends only, twice what ``_ids`` keeps of each:
+        a pasted document costs what its ends do."""
+        n = 8 * self.max_tokens
+        if len(text) > 2 * n:
+            text = text[:n] + "\n" + text[-n:]
+        return classifier_text(text)
+
+    def _ids(self, text: str) -> NDArray[np.int64]:
+        """A long text by its first and last characters (whatever lies beyond ``MAX_TOKENS`` tokens' worth would
+        be cut anyway). One ``encode`` per text: ``encode_batch`` starts a thread pool, slower for a few texts and
+        contending with the gateway's own threads."""
         n = self.max_tokens
         if len(text) > 8 * n:
             text = text[: 4 * n] + "\n" + text[-4 * n :]
@@ -132,15 +146,15 @@ class EncoderEmbedder(_WordPieces):
     def dim(self) -> int:
         return HIDDEN
 
-    def ids(self, text: str) -> NDArray[np.int64]:
+    def _ids(self, text: str) -> NDArray[np.int64]:
         """With a ``window``, a turn longer than it by its head and tail: what the screen and the encoder both read,
         so the screen's mean is not diluted by a pasted document the encoder never sees, and a pass costs at most
         the window's tokens (~0.11 ms a token on one thread)."""
         if self.window is None:
-            return super().ids(text)
+            return super()._ids(text)
         n = self.window - 2
         ends = self._ends(text, n)
-        return ends if ends is not None else self.head_and_tail(super().ids(text), n)
+        return ends if ends is not None else self.head_and_tail(super()._ids(text), n)
 
     def _ends(self, text: str, n: int) -> NDArray[np.int64] | None:
         """``head_and_tail(ids(text), n)`` from the text's two ends alone: tokenizing a pasted turn whole (its first

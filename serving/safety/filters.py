@@ -13,6 +13,7 @@ This module is the public face; the parts live in ``serving.safety.prefilter`` (
 
 from __future__ import annotations
 
+from core.text import normalize_prompt
 from core.toxicity import CompiledProfanityScorer, ToxicityScorer
 from serving.config import SafetyConfig
 from serving.safety.harm_filter import (
@@ -29,7 +30,7 @@ from serving.safety.postfilter import (
     StreamFilter,
     compile_output_patterns,
 )
-from serving.safety.prefilter import RULES, PreFilter, Rule, normalize_prompt
+from serving.safety.prefilter import RULES, PreFilter, Rule
 from serving.safety.verdict import FilterVerdict
 
 __all__ = [

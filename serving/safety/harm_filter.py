@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -41,14 +40,10 @@ from core.harm import HarmClassifier
 from core.toxicity import ToxicityScorer
 from registry.store import ModelVersion
 from serving.config import SafetyConfig
-from serving.safety.prefilter import normalize_prompt
 from serving.safety.verdict import FilterVerdict
 
 log = logging.getLogger("lifecycle.serving")
 
-# three or more single letters in a row, one space apart ("h o w  t o  m a k e"): a letter-spaced word (digits and
-# symbols are left alone: "3 x 9 = ?" stays as it is)
-_SPACED = re.compile(r"(?<!\S)(?:[^\W\d_] ){2,}[^\W\d_](?!\S)")
 RULE_PREFIX = "classifier."  # a classifier verdict's rule: classifier.<category>, or classifier.unavailable
 UNAVAILABLE = RULE_PREFIX + "unavailable"  # fail-closed without a loaded version: nothing was judged
 
@@ -130,16 +125,6 @@ class HarmFilter:
         return FilterVerdict(False, "pre", None, "passed", score.score, clf.version, by)
 
 
-def classifier_text(text: str) -> str:
-    """What the classifier reads of a client's text: the rules' normalization (NFKC: full-width and stylized letters
-    fold to ASCII; zero-width characters dropped), and letter-spaced words joined ("b o m b" -> "bomb"). The
-    tokenizer does neither: full-width letters are unknown to it and spaced ones are single-letter words, so either
-    made a plain request pass (docs/results.md, "What a client writes as system"). A spaced word right after a
-    one-letter word joins it ("a b o m b" -> "abomb"). Only the classifier's view changes; the model gets the text
-    as sent."""
-    return _SPACED.sub(lambda m: m.group(0).replace(" ", ""), normalize_prompt(text))
-
-
 class HarmWindowScorer:
     """The post-filter's scorer with the classifier in it (``safety.post_classifier``): each sentence window gets
     the higher of its toxicity score and its harm score rescaled so that the classifier's own threshold lands on
@@ -179,16 +164,12 @@ class ClassifiedPreFilter:
         texts = [m.get("content") or "" for m in messages if m.get("role") in ("user", "tool")]
         texts = [t for t in texts if t.strip()]
         instructions = tuple(
-            classifier_text(t)
-            for m in messages
-            if m.get("role") in ("system", "developer") and (t := m.get("content") or "").strip()
+            t for m in messages if m.get("role") in ("system", "developer") and (t := m.get("content") or "").strip()
         )
-        # the turns it reads (the newest context_turns), as it reads them; texts[0] still names the conversation
-        read = [classifier_text(t) for t in texts[-self.harm.cfg.context_turns :]]
-        harm = self.harm.check(read, instructions) if texts else None
+        harm = self.harm.check(texts, instructions) if texts else None
         if harm is None or harm.rule == UNAVAILABLE:
             return harm or _with_version(verdict, version)
-        decider, shadow = harm, self._canary_check(read, instructions, harm)
+        decider, shadow = harm, self._canary_check(texts, instructions, harm)
         if shadow is not None and self._canary_decides(texts[0]):
             decider, shadow = shadow, decider
         other = shadow.classifier if shadow is not None else None

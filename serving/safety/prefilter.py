@@ -48,14 +48,13 @@ all of its jailbreak-wrapped ones blocked.
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
 
+from core.text import normalize_prompt
 from core.toxicity import ToxicityScorer
 from serving.config import SafetyConfig
 from serving.safety.verdict import FilterVerdict
 
-_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
 _GAP = r"[^.!?\n]{0,40}?"  # a short stretch inside one sentence
 
 
@@ -337,11 +336,6 @@ RULES: tuple[Rule, ...] = (
         r"\s+(?:above|before\s+this)\b[^.!?\n]{0,20}?\b(?:verbatim|word\s+for\s+word|starting\s+with)\b",
     ),
 )
-
-
-def normalize_prompt(text: str) -> str:
-    """What the rules see: NFKC (full-width and stylized letters fold to ASCII) without zero-width characters."""
-    return unicodedata.normalize("NFKC", text.translate(_INVISIBLE))
 
 
 class PreFilter:

@@ -27,6 +27,10 @@ from flows.config import CONFIG_DIR
 TINY = str(CONFIG_DIR / "tiny.yaml")
 FREE_PORTS = ["--set", "schedule.mlflow_port=0", "--set", "schedule.prefect_port=0"]
 SHUTDOWN_GUARD_S = 180
+# what Prefect's own client allows a request (PREFECT_API_REQUEST_TIMEOUT): its SQLite server may wait up to 10 s
+# for the database lock alone (PREFECT_SERVER_DATABASE_TIMEOUT) while flow runs start beside it; a 10 s limit here
+# failed once in CI (a ReadTimeout while the scheduler started the first runs)
+API_TIMEOUT_S = 60
 
 
 class Running:
@@ -104,11 +108,11 @@ def test_ui_serves_the_mlflow_registry_and_prefect_until_ctrl_c(home: Path) -> N
         mlflow = ui.wait_for(r"MLflow UI: (http://\S+)")[1]
         prefect = ui.wait_for(r"Prefect UI: (http://\S+)")[1]
         ui.wait_for("Ctrl-C stops them")
-        assert httpx.get(mlflow + "/health", timeout=10).status_code == 200
+        assert httpx.get(mlflow + "/health", timeout=API_TIMEOUT_S).status_code == 200
         # the registry a reviewer promotes from: the home's own store
-        models = httpx.get(mlflow + "/api/2.0/mlflow/registered-models/search", timeout=10)
+        models = httpx.get(mlflow + "/api/2.0/mlflow/registered-models/search", timeout=API_TIMEOUT_S)
         assert models.status_code == 200
-        assert httpx.get(prefect + "/api/health", timeout=10).status_code == 200
+        assert httpx.get(prefect + "/api/health", timeout=API_TIMEOUT_S).status_code == 200
         assert ui.interrupt() == 0
         ui.wait_for("UIs stopped")
     assert (home / "mlflow" / "mlflow.db").is_file()
@@ -134,7 +138,7 @@ def test_schedule_serves_the_deployments_and_prefect_runs_them(home: Path) -> No
         names: set[str] = set()
         # the deployments register one by one: wait for all of them (polling until 5 raced the sixth)
         while time.monotonic() < deadline and not expected <= names:
-            deps: list[dict[str, Any]] = httpx.post(api + "/deployments/filter", json={}, timeout=10).json()
+            deps: list[dict[str, Any]] = httpx.post(api + "/deployments/filter", json={}, timeout=API_TIMEOUT_S).json()
             names = {d["name"] for d in deps}
             time.sleep(1)
         assert names == expected
@@ -149,7 +153,7 @@ def test_schedule_serves_the_deployments_and_prefect_runs_them(home: Path) -> No
         deadline = time.monotonic() + 300
         runs: list[dict[str, Any]] = []
         while time.monotonic() < deadline and not runs:
-            runs = httpx.post(api + "/flow_runs/filter", json=body, timeout=10).json()
+            runs = httpx.post(api + "/flow_runs/filter", json=body, timeout=API_TIMEOUT_S).json()
             time.sleep(2)
         assert runs, "the scheduled rollout controller never completed a run"
         assert sched.interrupt() == 0

@@ -15,7 +15,9 @@ split's prompts inside pasted documents (``long_turns``: at a document's start, 
 such a turn costs by its ends against whole); ``--prompt-set NAME`` scores a packaged set whole. ``system``: the
 hand-written system messages (``evals/harm_system.yaml``) as the gateway reads them, ahead of a user turn: benign
 instructions with ordinary questions, requests written as instructions with a turn that asks nothing ("go ahead")
-and with ordinary questions; and each message judged alone, which the gateway does not do. Each version uses
+and with ordinary questions; and each message judged alone, which the gateway does not do. ``written_forms``: the
+human slice's harmful and benign prompts as an evader writes them (Cyrillic or Greek look-alike letters, full-width
+letters, letters spaced apart, digits for letters), blocked shares. Each version uses
 the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
 ``core.harm``)."""
 
@@ -122,6 +124,30 @@ def system_messages(clf: HarmClassifier, context: int = 3) -> dict[str, str]:
     }
 
 
+# an evader's spellings of a prompt: Unicode look-alikes of Latin letters (TR39's confusables), full-width letters,
+# letters spaced apart, and leetspeak (digits for letters, which no normalization reads back)
+CYRILLIC = str.maketrans("aeopcxyiAEOPCXHTMK", "аеорсхуіАЕОРСХНТМК")
+GREEK = str.maketrans("aoipvuyABEHIKMNOPTXZ", "αοιρνυγΑΒΕΗΙΚΜΝΟΡΤΧΖ")
+LEET = str.maketrans("aeiost", "431057")
+WRITTEN_FORMS = {
+    "cyrillic_lookalikes": lambda t: t.translate(CYRILLIC),
+    "greek_lookalikes": lambda t: t.translate(GREEK),
+    "full_width": lambda t: "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in t),
+    "letter_spaced": lambda t: "  ".join(" ".join(w) for w in t.split()),
+    "leetspeak": lambda t: t.translate(LEET),
+}
+
+
+def written_forms(clf: HarmClassifier, human: list[dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Blocked shares of the human slice's harmful and ordinary benign prompts in each written form."""
+    kinds = {"harmful": [r["text"] for r in human if r["kind"] == "harmful"]}
+    kinds["benign"] = [r["text"] for r in human if r["kind"] == "benign"]
+    return {
+        form: {kind: blocked(clf, [write(t) for t in texts]) for kind, texts in kinds.items()}
+        for form, write in {"as_written": str, **WRITTEN_FORMS}.items()
+    }
+
+
 def blocked(clf: HarmClassifier, texts: list[str]) -> str:
     return share(sum(clf.blocks(s) for s in clf.scores(texts)), len(texts))
 
@@ -223,6 +249,7 @@ def main() -> None:
     for name, clf in clfs.items():
         report[f"{name}/human"] = catch(clf, human)
         report[f"{name}/system"] = system_messages(clf)
+        report[f"{name}/written_forms"] = written_forms(clf, human)
         if test:
             report[f"{name}/test"] = catch(clf, test)
             report[f"{name}/long_turns"] = {case: blocked(clf, texts) for case, texts in long.items()}

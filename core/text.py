@@ -1,9 +1,16 @@
 """Client text as the safety checks read it (the model always gets the text as sent).
 
     normalize_prompt("ｂｏｍｂ") == "bomb"      # what the pre-filter's rules read
+    normalize_prompt("bоmb") == "bomb"         # its "о" Cyrillic: a look-alike in Latin text reads as its letter
     classifier_text("b o m b") == "bomb"        # what the harm classifier tokenizes (core.harm_embed)
 
-``normalize_prompt``: NFKC (full-width and stylized letters fold to ASCII) without zero-width characters.
+``normalize_prompt``: NFKC (full-width and stylized letters fold to ASCII) without zero-width characters, and in a
+text written mostly in Latin letters, the Cyrillic, Greek and Armenian letters that Unicode lists as confusable with
+one Latin letter (TR39's confusables, from ``confusable_homoglyphs``) read as that letter, in each word that mixes
+them with Latin letters (and in words of look-alikes alone, in a text mostly in Latin letters). Words in those letters
+fooled the tokenizer and the rules alike: people's harmful requests with their a, e, o, p, c, x, y and i written in
+Cyrillic passed the classifier 53 times in 56 (docs/results.md, "Look-alike letters"). A word with any other
+letter of those scripts (Russian, Greek) is left as written.
 ``classifier_text`` adds one step: three or more single letters one space apart are joined into a word. MiniLM's
 tokenizer does neither: full-width letters are unknown to it and spaced ones are single-letter words, and either
 made a plain request pass the classifier (docs/results.md, "What a client writes as system"). Digits and symbols
@@ -12,17 +19,61 @@ are left alone ("3 x 9 = ?" stays); a spaced word right after a one-letter word 
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
+from importlib.resources import files
 
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
 # three or more single letters in a row, one space apart ("h o w  t o  m a k e"): a letter-spaced word
 _SPACED = re.compile(r"(?<!\S)(?:[^\W\d_] ){2,}[^\W\d_](?!\S)")
+_SCRIPTS = ("CYRILLIC", "GREEK", "ARMENIAN")
+_LATIN = re.compile(r"[A-Za-z\u00c0-\u024f]")
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+def _lookalikes() -> dict[str, str]:
+    """Each letter of ``_SCRIPTS`` that TR39 lists as confusable with one ASCII letter -> that letter (a capital
+    confused with "l" reads as "I", as a capital in English text would)."""
+    data = json.loads(files("confusable_homoglyphs").joinpath("confusables.json").read_text(encoding="utf-8"))
+    out = {}
+    for char, entries in data.items():
+        name = unicodedata.name(char, "") if len(char) == 1 else ""
+        if name.split(" ")[0] not in _SCRIPTS or "LETTER" not in name:
+            continue
+        latin = [e["c"] for e in entries if len(e["c"]) == 1 and e["c"].isascii() and e["c"].isalpha()]
+        if latin:
+            out[char] = "I" if latin[0] == "l" and "CAPITAL" in name else latin[0]
+    return out
+
+
+_FOLD = str.maketrans(_lookalikes())
+_LOOKALIKE = re.compile("[" + re.escape("".join(chr(c) for c in _FOLD)) + "]")
+_WORD_WITH_LOOKALIKE = re.compile(r"[^\W\d_]*" + _LOOKALIKE.pattern + r"[^\W\d_]*")
+
+
+def fold_lookalikes(text: str) -> str:
+    """``text`` with its look-alike letters read as Latin, word by word: in a word that has Latin letters too (no
+    language mixes scripts inside a word); in a word of look-alikes alone when the text has more Latin letters than
+    other letters that are not look-alikes. Any other word (Russian "привет") stays as written; so does an ASCII
+    text, without a look-up."""
+    if text.isascii() or not _LOOKALIKE.search(text):
+        return text
+    latin = len(_LATIN.findall(text))
+    mostly_latin = latin > len(_LETTER.findall(text)) - latin - len(_LOOKALIKE.findall(text))
+
+    def fold(m: re.Match[str]) -> str:
+        word = m.group(0)
+        if _LATIN.search(word) or mostly_latin and not _LOOKALIKE.sub("", word):
+            return word.translate(_FOLD)
+        return word  # written in another script (a letter of it that is not a look-alike), or in a text that is
+
+    return _WORD_WITH_LOOKALIKE.sub(fold, text)
 
 
 def normalize_prompt(text: str) -> str:
-    """NFKC without zero-width characters."""
-    return unicodedata.normalize("NFKC", text.translate(_INVISIBLE))
+    """NFKC without zero-width characters, look-alike letters in Latin text read as Latin."""
+    return fold_lookalikes(unicodedata.normalize("NFKC", text.translate(_INVISIBLE)))
 
 
 def classifier_text(text: str) -> str:

@@ -39,19 +39,22 @@ class _WordPieces:
         self.tokenizer_json = tokenizer_json
         self.skip = np.zeros(vocab, dtype=bool)
         self.skip[list(skip_ids)] = True
+        # the tokenizer's whole words (lower case, as MiniLM's uncased vocabulary is): what "h4ck" may spell
+        self.words = frozenset(w for w in self.tokenizer.get_vocab() if w.isalpha() and w.isascii())
 
     def ids(self, text: str) -> NDArray[np.int64]:
         """The token ids of ``read(text)``, without special tokens."""
         return self._ids(self.read(text))
 
     def read(self, text: str) -> str:
-        """The text as the classifier reads it (``core.text.classifier_text``: full-width letters folded,
-        letter-spaced words joined). A long text is normalized by its ends only, twice what ``_ids`` keeps of each:
-        a pasted document costs what its ends do."""
+        """The text as the classifier reads it (``core.text.classifier_text``: full-width and look-alike letters
+        folded, letter-spaced words joined, digits for letters read back into the tokenizer's words). A long text
+        is normalized by its ends only, twice what ``_ids`` keeps of each: a pasted document costs what its ends
+        do."""
         n = 8 * self.max_tokens
         if len(text) > 2 * n:
             text = text[:n] + "\n" + text[-n:]
-        return classifier_text(text)
+        return classifier_text(text, self.words)
 
     def _ids(self, text: str) -> NDArray[np.int64]:
         """A long text by its first and last characters (whatever lies beyond ``MAX_TOKENS`` tokens' worth would

@@ -3,18 +3,20 @@
     normalize_prompt("ｂｏｍｂ") == "bomb"      # what the pre-filter's rules read
     normalize_prompt("bоmb") == "bomb"         # its "о" Cyrillic: a look-alike in Latin text reads as its letter
     classifier_text("b o m b") == "bomb"        # what the harm classifier tokenizes (core.harm_embed)
+    classifier_text("b0mb", words) == "bomb"    # with the tokenizer's words: digits for letters read back
 
-``normalize_prompt``: NFKC (full-width and stylized letters fold to ASCII) without zero-width characters, and in a
-text written mostly in Latin letters, the Cyrillic, Greek and Armenian letters that Unicode lists as confusable with
-one Latin letter (TR39's confusables, from ``confusable_homoglyphs``) read as that letter, in each word that mixes
-them with Latin letters (and in words of look-alikes alone, in a text mostly in Latin letters). Words in those letters
-fooled the tokenizer and the rules alike: people's harmful requests with their a, e, o, p, c, x, y and i written in
-Cyrillic passed the classifier 53 times in 56 (docs/results.md, "Look-alike letters"). A word with any other
-letter of those scripts (Russian, Greek) is left as written.
-``classifier_text`` adds one step: three or more single letters one space apart are joined into a word. MiniLM's
-tokenizer does neither: full-width letters are unknown to it and spaced ones are single-letter words, and either
-made a plain request pass the classifier (docs/results.md, "What a client writes as system"). Digits and symbols
-are left alone ("3 x 9 = ?" stays); a spaced word right after a one-letter word joins it ("a b o m b" -> "abomb").
+``normalize_prompt``: NFKC (full-width and stylized letters fold to ASCII) without zero-width characters, and the
+Cyrillic, Greek and Armenian letters that Unicode lists as confusable with one Latin letter (TR39's confusables,
+from ``confusable_homoglyphs``) read as that letter: in each word that mixes them with Latin letters, and in words
+of look-alikes alone in a text mostly in Latin letters (``fold_lookalikes``). People's harmful requests with their
+a, e, o, p, c, x, y and i written in Cyrillic had passed the classifier 53 times in 56, and the rules too
+(docs/results.md, "Look-alike letters"). A word with any other letter of those scripts (Russian, Greek) is left as
+written.
+``classifier_text`` adds two steps. Three or more single letters one space apart are joined into a word: MiniLM's
+tokenizer reads them as one-letter words, as it does not know full-width letters, and either made a plain request
+pass the classifier (docs/results.md, "What a client writes as system"). Digits and symbols are left alone ("3 x 9
+= ?" stays); a spaced word right after a one-letter word joins it ("a b o m b" -> "abomb"). And given the
+tokenizer's whole words, a word that writes digits for letters is read as the word it spells (``read_digits``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Collection
 from importlib.resources import files
 
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
@@ -30,6 +33,11 @@ _SPACED = re.compile(r"(?<!\S)(?:[^\W\d_] ){2,}[^\W\d_](?!\S)")
 _SCRIPTS = ("CYRILLIC", "GREEK", "ARMENIAN")
 _LATIN = re.compile(r"[A-Za-z\u00c0-\u024f]")
 _LETTER = re.compile(r"[^\W\d_]")
+# leetspeak: the digits written for letters, and the words that hold one after a letter
+_DIGIT_LETTERS = str.maketrans("0134578", "oieastb")
+_DIGIT = re.compile(r"[0134578]")
+_DIGIT_AFTER_LETTER = re.compile(r"[^\W\d_][0-9]")
+_WORD_WITH_DIGIT = re.compile(r"[^\W_]*[0134578][^\W_]*")
 
 
 def _lookalikes() -> dict[str, str]:
@@ -76,6 +84,28 @@ def normalize_prompt(text: str) -> str:
     return fold_lookalikes(unicodedata.normalize("NFKC", text.translate(_INVISIBLE)))
 
 
-def classifier_text(text: str) -> str:
-    """``normalize_prompt``, and letter-spaced words joined."""
-    return _SPACED.sub(lambda m: m.group(0).replace(" ", ""), normalize_prompt(text))
+def classifier_text(text: str, words: Collection[str] = ()) -> str:
+    """``normalize_prompt``, letter-spaced words joined, and with ``words`` (a tokenizer's whole words, lower
+    case), digits written for letters read back (``read_digits``)."""
+    text = _SPACED.sub(lambda m: m.group(0).replace(" ", ""), normalize_prompt(text))
+    return read_digits(text, words) if words else text
+
+
+def read_digits(text: str, words: Collection[str]) -> str:
+    """Each word that writes digits for letters ("h4ck", "c0c41n3": a digit after a letter) read as the word of
+    ``words`` it spells ("hack", "cocaine"), when the word as written is not one of ``words`` itself. So "mp3",
+    "covid19" and "h264" stay (they spell no word), and so do numbers with a unit or an ending ("10am", "1st": no
+    digit after a letter) and words under four characters or with one letter ("C4", the explosive; "Be3", a chess
+    move)."""
+    if not _DIGIT.search(text):
+        return text
+
+    def read(m: re.Match[str]) -> str:
+        word = m.group(0)
+        low = word.lower()
+        if len(word) < 3 or len(_LETTER.findall(word)) < 2 or not _DIGIT_AFTER_LETTER.search(word) or low in words:
+            return word  # "C4", "d4", "Be3": a name or a chess move, too short to tell from a spelled word
+        spelled = low.translate(_DIGIT_LETTERS)
+        return spelled if spelled in words else word
+
+    return _WORD_WITH_DIGIT.sub(read, text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.text import classifier_text, fold_lookalikes, normalize_prompt
+from core.text import classifier_text, fold_lookalikes, normalize_prompt, read_digits
 
 CYRILLIC = str.maketrans("aeopcxyi", "\u0430\u0435\u043e\u0440\u0441\u0445\u0443\u0456")
 
@@ -42,3 +42,27 @@ def test_a_look_alike_word_alone_reads_as_latin_only_in_a_text_mostly_in_latin_l
     a = "\u0430"  # Cyrillic a, a whole word
     assert fold_lookalikes(f"{a} cat and {a} dog") == "a cat and a dog"
     assert fold_lookalikes(f"{a} \u043a\u043e\u0448\u043a\u0430") == f"{a} \u043a\u043e\u0448\u043a\u0430"  # Russian
+
+
+WORDS = frozenset({"how", "make", "bomb", "hack", "cocaine", "the", "eggs", "tonight", "ist", "ca", "bee"})
+
+
+def test_digits_written_for_letters_read_back_into_the_words_they_spell() -> None:
+    assert read_digits("h0w to m4k3 a B0MB", WORDS) == "how to make a bomb"
+    assert read_digits("h4ck the c0c41n3 dealer", WORDS) == "hack the cocaine dealer"
+    assert classifier_text("h0w t0 m4k3 a b\u043emb", WORDS) == "how t0 make a bomb"  # "to" is not in WORDS
+    assert classifier_text("h0w to m4k3 a bomb") == "h0w to m4k3 a bomb"  # no words given: no reading back
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "mp3 covid19 h264 ipv4",  # spell no word
+        "the 1st of May at 10am",  # a number with an ending or a unit: no digit after a letter ("1st" would be "ist")
+        "stolen C4 in the army",  # one letter: a name ("ca" is a word)
+        "with f3 and d4",  # chess moves of one letter
+        "3 x 4 = 12",
+    ],
+)
+def test_words_with_digits_that_spell_nothing_or_are_names_stay_as_written(text: str) -> None:
+    assert read_digits(text, WORDS) == text

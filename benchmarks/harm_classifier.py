@@ -125,7 +125,7 @@ def system_messages(clf: HarmClassifier, context: int = 3) -> dict[str, str]:
 
 
 # an evader's spellings of a prompt: Unicode look-alikes of Latin letters (TR39's confusables), full-width letters,
-# letters spaced apart, and leetspeak (digits for letters, which no normalization reads back)
+# letters spaced apart, and leetspeak (digits for letters: the classifier reads back only words it knows)
 CYRILLIC = str.maketrans("aeopcxyiAEOPCXHTMK", "аеорсхуіАЕОРСХНТМК")
 GREEK = str.maketrans("aoipvuyABEHIKMNOPTXZ", "αοιρνυγΑΒΕΗΙΚΜΝΟΡΤΧΖ")
 LEET = str.maketrans("aeiost", "431057")

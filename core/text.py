@@ -13,7 +13,7 @@ a, e, o, p, c, x, y and i written in Cyrillic had passed the classifier 53 times
 (docs/results.md, "Look-alike letters"). A word with any other letter of those scripts (Russian, Greek) is left as
 written.
 ``classifier_text`` adds two steps. Three or more single letters one space apart are joined into a word: MiniLM's
-tokenizer reads them as one-letter words, as it does not know full-width letters, and either made a plain request
+tokenizer reads them as one-letter words (and does not know full-width letters), and either made a plain request
 pass the classifier (docs/results.md, "What a client writes as system"). Digits and symbols are left alone ("3 x 9
 = ?" stays); a spaced word right after a one-letter word joins it ("a b o m b" -> "abomb"). And given the
 tokenizer's whole words, a word that writes digits for letters is read as the word it spells (``read_digits``).
@@ -74,7 +74,8 @@ def fold_lookalikes(text: str) -> str:
         word = m.group(0)
         if _LATIN.search(word) or mostly_latin and not _LOOKALIKE.sub("", word):
             return word.translate(_FOLD)
-        return word  # written in another script (a letter of it that is not a look-alike), or in a text that is
+        return word  # a word of another script (it has a letter that is no look-alike), or look-alikes alone in a
+        # text that is not mostly Latin (Russian "сор")
 
     return _WORD_WITH_LOOKALIKE.sub(fold, text)
 
@@ -95,8 +96,8 @@ def read_digits(text: str, words: Collection[str]) -> str:
     """Each word that writes digits for letters ("h4ck", "c0c41n3": a digit after a letter) read as the word of
     ``words`` it spells ("hack", "cocaine"), when the word as written is not one of ``words`` itself. So "mp3",
     "covid19" and "h264" stay (they spell no word), and so do numbers with a unit or an ending ("10am", "1st": no
-    digit after a letter) and words under four characters or with one letter ("C4", the explosive; "Be3", a chess
-    move)."""
+    digit after a letter) and words under three characters or with one letter ("C4", the explosive; "d4", a chess
+    move; "Be3" does read "bee")."""
     if not _DIGIT.search(text):
         return text
 
@@ -104,7 +105,7 @@ def read_digits(text: str, words: Collection[str]) -> str:
         word = m.group(0)
         low = word.lower()
         if len(word) < 3 or len(_LETTER.findall(word)) < 2 or not _DIGIT_AFTER_LETTER.search(word) or low in words:
-            return word  # "C4", "d4", "Be3": a name or a chess move, too short to tell from a spelled word
+            return word  # "C4", "d4": a name or a chess move, too short to tell from a spelled word
         spelled = low.translate(_DIGIT_LETTERS)
         return spelled if spelled in words else word
 

@@ -17,7 +17,7 @@ hand-written system messages (``evals/harm_system.yaml``) as the gateway reads t
 instructions with ordinary questions, requests written as instructions with a turn that asks nothing ("go ahead")
 and with ordinary questions; and each message judged alone, which the gateway does not do. ``written_forms``: the
 human slice's harmful and benign prompts as an evader writes them (Cyrillic or Greek look-alike letters, full-width
-letters, letters spaced apart, digits for letters), blocked shares. Each version uses
+letters, letters spaced apart, digits for letters: every one, or each word's first), blocked shares. Each version uses
 the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
 ``core.harm``)."""
 
@@ -129,12 +129,20 @@ def system_messages(clf: HarmClassifier, context: int = 3) -> dict[str, str]:
 CYRILLIC = str.maketrans("aeopcxyiAEOPCXHTMK", "аеорсхуіАЕОРСХНТМК")
 GREEK = str.maketrans("aoipvuyABEHIKMNOPTXZ", "αοιρνυγΑΒΕΗΙΚΜΝΟΡΤΧΖ")
 LEET = str.maketrans("aeiost", "431057")
+
+
+def leet_first_letters(text: str) -> str:
+    """A digit for the first letter of each word over three letters it can stand for ("7ruck", "45ylum")."""
+    return " ".join(w[0].translate(LEET) + w[1:] if len(w) > 3 else w for w in text.split(" "))
+
+
 WRITTEN_FORMS = {
     "cyrillic_lookalikes": lambda t: t.translate(CYRILLIC),
     "greek_lookalikes": lambda t: t.translate(GREEK),
     "full_width": lambda t: "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in t),
     "letter_spaced": lambda t: "  ".join(" ".join(w) for w in t.split()),
     "leetspeak": lambda t: t.translate(LEET),
+    "leetspeak_first_letters": leet_first_letters,
 }
 
 

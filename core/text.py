@@ -38,6 +38,13 @@ _DIGIT_LETTERS = str.maketrans("0134578", "oieastb")
 _DIGIT = re.compile(r"[0134578]")
 _DIGIT_AFTER_LETTER = re.compile(r"[^\W\d_][0-9]")
 _WORD_WITH_DIGIT = re.compile(r"[^\W_]*[0134578][^\W_]*")
+# digits then an ordinal ending or a unit: a number as written, never letters ("8am" is not "bam", "1st" not "ist")
+_UNITS = (
+    "st nd rd th am pm s ish yo mo wk wks yr yrs hr hrs h min mins sec secs ms ns us x k m b g kg mg lb lbs oz t "
+    "km cm mm nm ft in mi mph kph kmh ml l gal gb mb kb tb gbps mbps hz khz mhz ghz kw kwh w wh mah v hp cc px pt "
+    "dpi fps bpm p"
+)
+_NUMBER_WITH_UNIT = re.compile(rf"[0-9]+(?:{'|'.join(_UNITS.split())})")
 
 
 def _lookalikes() -> dict[str, str]:
@@ -93,19 +100,22 @@ def classifier_text(text: str, words: Collection[str] = ()) -> str:
 
 
 def read_digits(text: str, words: Collection[str]) -> str:
-    """Each word that writes digits for letters ("h4ck", "c0c41n3": a digit after a letter) read as the word of
-    ``words`` it spells ("hack", "cocaine"), when the word as written is not one of ``words`` itself. So "mp3",
-    "covid19" and "h264" stay (they spell no word), and so do numbers with a unit or an ending ("10am", "1st": no
-    digit after a letter) and words under three characters or with one letter ("C4", the explosive; "d4", a chess
-    move; "Be3" does read "bee")."""
+    """Each word that writes digits for letters ("h4ck", "c0c41n3", "7ruck": a digit after a letter, or digits
+    before three letters or more) read as the word of ``words`` it spells ("hack", "cocaine", "truck"), when the word
+    as written is not one of ``words`` itself. So "mp3", "covid19" and "h264" stay (they spell no word), and so do
+    numbers with a unit or an ending ("10am", "8am", "1st", "5mins": never "bam" or "ist") and words under three
+    characters or with one letter ("C4", the explosive; "d4", a chess move; "Be3" does read "bee")."""
     if not _DIGIT.search(text):
         return text
 
     def read(m: re.Match[str]) -> str:
         word = m.group(0)
         low = word.lower()
-        if len(word) < 3 or len(_LETTER.findall(word)) < 2 or not _DIGIT_AFTER_LETTER.search(word) or low in words:
+        letters = len(_LETTER.findall(word))
+        if len(word) < 3 or letters < 2 or low in words:
             return word  # "C4", "d4": a name or a chess move, too short to tell from a spelled word
+        if not _DIGIT_AFTER_LETTER.search(word) and (letters < 3 or _NUMBER_WITH_UNIT.fullmatch(low)):
+            return word  # "8am" ("bam"), "1st" ("ist"), "4mp", "15bn", "5mins": a number with a unit or an ending
         spelled = low.translate(_DIGIT_LETTERS)
         return spelled if spelled in words else word
 

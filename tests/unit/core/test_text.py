@@ -44,12 +44,15 @@ def test_a_look_alike_word_alone_reads_as_latin_only_in_a_text_mostly_in_latin_l
     assert fold_lookalikes(f"{a} \u043a\u043e\u0448\u043a\u0430") == f"{a} \u043a\u043e\u0448\u043a\u0430"  # Russian
 
 
-WORDS = frozenset({"how", "make", "bomb", "hack", "cocaine", "the", "eggs", "tonight", "ist", "ca", "bee"})
+# the words the readings spell, and the ones a number with a unit would spell if it were read ("ist", "bam", "sam")
+WORDS = frozenset({"how", "make", "bomb", "hack", "cocaine", "the", "eggs", "tonight", "ca", "bee", "truck", "steal"})
+WORDS |= {"sell", "ist", "bam", "sam", "secs"}
 
 
 def test_digits_written_for_letters_read_back_into_the_words_they_spell() -> None:
     assert read_digits("h0w to m4k3 a B0MB", WORDS) == "how to make a bomb"
     assert read_digits("h4ck the c0c41n3 dealer", WORDS) == "hack the cocaine dealer"
+    assert read_digits("5teal a 7ruck and 53ll it", WORDS) == "steal a truck and 53ll it"  # digits, 3 letters
     assert classifier_text("h0w t0 m4k3 a b\u043emb", WORDS) == "how t0 make a bomb"  # "to" is not in WORDS
     assert classifier_text("h0w to m4k3 a bomb") == "h0w to m4k3 a bomb"  # no words given: no reading back
 
@@ -58,7 +61,7 @@ def test_digits_written_for_letters_read_back_into_the_words_they_spell() -> Non
     "text",
     [
         "mp3 covid19 h264 ipv4",  # spell no word
-        "the 1st of May at 10am",  # a number with an ending or a unit: no digit after a letter ("1st" would be "ist")
+        "the 1st of May at 10am, 8am or 5am for 5secs",  # a number with an ending or a unit ("ist", "bam", "sam")
         "stolen C4 in the army",  # one letter: a name ("ca" is a word)
         "with f3 and d4",  # chess moves of one letter
         "3 x 4 = 12",

@@ -44,9 +44,9 @@ def test_a_look_alike_word_alone_reads_as_latin_only_in_a_text_mostly_in_latin_l
     assert fold_lookalikes(f"{a} \u043a\u043e\u0448\u043a\u0430") == f"{a} \u043a\u043e\u0448\u043a\u0430"  # Russian
 
 
-# the words the readings spell, and the ones a number with a unit would spell if it were read ("ist", "bam", "sam")
+# the words the readings spell, and the ones a number with a unit would spell if it were read ("ist", "bam", "amin")
 WORDS = frozenset({"how", "make", "bomb", "hack", "cocaine", "the", "eggs", "tonight", "ca", "bee", "truck", "steal"})
-WORDS |= {"sell", "ist", "bam", "sam", "secs"}
+WORDS |= {"sell", "ist", "bam", "sam", "amin"}
 
 
 def test_digits_written_for_letters_read_back_into_the_words_they_spell() -> None:
@@ -61,7 +61,7 @@ def test_digits_written_for_letters_read_back_into_the_words_they_spell() -> Non
     "text",
     [
         "mp3 covid19 h264 ipv4",  # spell no word
-        "the 1st of May at 10am, 8am or 5am for 5secs",  # a number with an ending or a unit ("ist", "bam", "sam")
+        "the 1st of May at 10am, 8am or 5am for 4min",  # a number with an ending or a unit ("ist", "bam", "amin")
         "stolen C4 in the army",  # one letter: a name ("ca" is a word)
         "with f3 and d4",  # chess moves of one letter
         "3 x 4 = 12",

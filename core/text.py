@@ -38,12 +38,9 @@ _DIGIT_LETTERS = str.maketrans("0134578", "oieastb")
 _DIGIT = re.compile(r"[0134578]")
 _DIGIT_AFTER_LETTER = re.compile(r"[^\W\d_][0-9]")
 _WORD_WITH_DIGIT = re.compile(r"[^\W_]*[0134578][^\W_]*")
-# digits then an ordinal ending or a unit: a number as written, never letters ("8am" is not "bam", "1st" not "ist")
-_UNITS = (
-    "st nd rd th am pm s ish yo mo wk wks yr yrs hr hrs h min mins sec secs ms ns us x k m b g kg mg lb lbs oz t "
-    "km cm mm nm ft in mi mph kph kmh ml l gal gb mb kb tb gbps mbps hz khz mhz ghz kw kwh w wh mah v hp cc px pt "
-    "dpi fps bpm p"
-)
+# digits then a unit of three letters or more: a number as written ("4min" is not "amin"; with two letters or fewer,
+# "8am" or "1st", read_digits leaves a word that starts with digits anyway)
+_UNITS = "ish wks yrs hrs min mins sec secs lbs mph kph kmh gal gbps mbps khz mhz ghz kwh mah dpi fps bpm"
 _NUMBER_WITH_UNIT = re.compile(rf"[0-9]+(?:{'|'.join(_UNITS.split())})")
 
 
@@ -115,7 +112,7 @@ def read_digits(text: str, words: Collection[str]) -> str:
         if len(word) < 3 or letters < 2 or low in words:
             return word  # "C4", "d4": a name or a chess move, too short to tell from a spelled word
         if not _DIGIT_AFTER_LETTER.search(word) and (letters < 3 or _NUMBER_WITH_UNIT.fullmatch(low)):
-            return word  # "8am" ("bam"), "1st" ("ist"), "4mp", "15bn", "5mins": a number with a unit or an ending
+            return word  # "8am" ("bam"), "1st" ("ist"), "15bn", "4min" ("amin"): a number with a unit or an ending
         spelled = low.translate(_DIGIT_LETTERS)
         return spelled if spelled in words else word
 

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from core.config import StrictModel
 from training.data.harm_packaged import CATALOG as PROMPT_SETS
+from training.data.harm_pools_train import TRAIN_ACTION_FRAMES
 
 
 class CascadeConfig(StrictModel):
@@ -48,6 +49,16 @@ class SafetyClassifierConfig(StrictModel):
         "direct address). With the cascade: about half the false blocks of prompts people wrote, more of their "
         "harmful ones caught, a few more of the test split's ordinary benign blocked (docs/results.md, 'The "
         "statements by default'). false: the generator's frames alone.",
+    )
+    twins: int = Field(
+        0,
+        ge=0,
+        le=TRAIN_ACTION_FRAMES,
+        description="Frames each benign twin of a training-only harmful concept is asked in (training/data/"
+        "harm_pools_twins.py: the same request with a lawful purpose, in its harmful action's first frames); 0: none. "
+        "6 met every test-split target (ordinary benign 0 of 406) and blocked a quarter as many of people's benign "
+        "prompts, but passed 7 of the real model's gate's 56 hand-written harmful requests, which the default blocks "
+        "(docs/results.md, 'Benign twins of the harmful concepts').",
     )
     sources: list[str] = Field(
         default_factory=list,

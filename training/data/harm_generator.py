@@ -1,8 +1,8 @@
 """The safety classifier's prompt generator: every frame, action and statement of its pools (``harm_pools``,
 continued by ``harm_pools_more``), put together and dealt to a split by position, plus training-only concepts
 (``harm_pools_train``: each action in a few training frames, and, with ``statements``, whole statements in a few
-surface forms, which the classifier's snapshot takes by default and the chat generator's draw does not; never in an
-eval split).
+surface forms, which the classifier's snapshot takes by default and the chat generator's draw does not, and with
+``twins`` each harmful concept's benign twin, ``harm_pools_twins``; never in an eval split).
 
     splits = generate_harm()       # {"train": [...], "validation": [...], "test": [...]}
     split_of(7)                    # "validation"
@@ -25,6 +25,7 @@ from training.data.harm_pools_more import (
     MORE_STATEMENTS,
 )
 from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS, TRAIN_STATEMENTS
+from training.data.harm_pools_twins import TRAIN_TWINS
 from training.data.snapshot import SPLITS
 
 # the generator's pools: harm_pools' lists continued by harm_pools_more's (positions, hence splits, carry on)
@@ -60,6 +61,11 @@ def split_of(position: int) -> str:
     return ("train", "train", "train", "validation", "test")[position % 5]
 
 
+def _framed(frame: str, action: str) -> str:
+    text = frame.format(x=action)
+    return text[0].upper() + text[1:] if frame[0].isupper() else text
+
+
 def _kind(cls: str) -> str:
     return "benign_risky" if cls == "benign_risky" else "benign" if cls == "benign" else "harmful"
 
@@ -68,20 +74,21 @@ def _label(cls: str) -> str:
     return "benign" if cls in ("benign", "benign_risky") else cls
 
 
-def generate_harm(statements: bool = False) -> dict[str, list[dict[str, str]]]:
+def generate_harm(statements: bool = False, twins: int = 0) -> dict[str, list[dict[str, str]]]:
     """Every generated prompt, by split: the frames of a split times the actions of that split, per class, plus
     the split's statements; with ``statements``, ``harm_pools_train.TRAIN_STATEMENTS`` in the training split too
     (``safety_classifier.statements``: on by default since 2026-12-07, docs/results.md "The statements by
-    default"; the function's own default leaves them out, as the chat generator draws). Deterministic (no randomness:
-    the pools are small enough to use whole)."""
+    default"; the function's own default leaves them out, as the chat generator draws); with ``twins``, each
+    training-only harmful action's benign twin (``harm_pools_twins``) in the first ``twins`` of its frames too
+    (``safety_classifier.twins``, off by default). Deterministic (no randomness: the pools are small enough to use
+    whole)."""
     out: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
     for cls, actions in ALL_ACTIONS.items():
         for ai, action in enumerate(actions):
             for fi, frame in enumerate(ALL_FRAMES):
                 if split_of(fi) != split_of(ai):
                     continue
-                text = frame.format(x=action)
-                text = text[0].upper() + text[1:] if frame[0].isupper() else text
+                text = _framed(frame, action)
                 record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.a{ai}"}
                 out[split_of(ai)].append({**record, "source": "generator"})
     train_frames = [(fi, f) for fi, f in enumerate(ALL_FRAMES) if split_of(fi) == "train"]
@@ -93,13 +100,17 @@ def generate_harm(statements: bool = False) -> dict[str, list[dict[str, str]]]:
                 record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.v{vi}o{oi}"}
                 out["train"].append({**record, "source": "generator"})
     for ci, (cls, actions) in enumerate(TRAIN_ACTIONS.items()):  # training-only concepts, a few frames each
+        twinned = TRAIN_TWINS.get(cls, ())
         for ai, action in enumerate(actions):
             for j in range(TRAIN_ACTION_FRAMES):
                 fi, frame = train_frames[(ai * TRAIN_ACTION_FRAMES + j + 5 * ci) % len(train_frames)]
-                text = frame.format(x=action)
-                text = text[0].upper() + text[1:] if frame[0].isupper() else text
+                text = _framed(frame, action)
                 record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"f{fi}+{cls}.t{ai}"}
                 out["train"].append({**record, "source": "generator"})
+                if twinned and j < twins:  # its benign twin in the same frame: the pair differs in purpose only
+                    text, wording = _framed(frame, twinned[ai]), f"f{fi}+{cls}_twin.t{ai}"
+                    record = {"text": text, "label": "benign", "kind": "benign_risky", "wording": wording}
+                    out["train"].append({**record, "source": "generator"})
     # whole training-only prompts (the classifier config's default takes them)
     for cls, whole in TRAIN_STATEMENTS.items() if statements else ():
         for si, statement in enumerate(whole):

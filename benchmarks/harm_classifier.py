@@ -15,7 +15,9 @@ split's prompts inside pasted documents (``long_turns``: at a document's start, 
 such a turn costs by its ends against whole); ``--prompt-set NAME`` scores a packaged set whole. ``system``: the
 hand-written system messages (``evals/harm_system.yaml``) as the gateway reads them, ahead of a user turn: benign
 instructions with ordinary questions, requests written as instructions with a turn that asks nothing ("go ahead")
-and with ordinary questions; and each message judged alone, which the gateway does not do. ``written_forms``: the
+and with ordinary questions; and each message judged alone, which the gateway does not do. ``chat_gate``: the real
+model's gate's hand-written harmful requests (plain, per category, and in its jailbreak wrappers) and benign
+questions that sound risky, through the classifier alone. ``written_forms``: the
 human slice's harmful and benign prompts as an evader writes them (Cyrillic or Greek look-alike letters, full-width
 letters, letters spaced apart, digits for letters: every one, or each word's first), blocked shares. Each version uses
 the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
@@ -37,7 +39,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # t
 
 from core.harm import HarmClassifier  # noqa: E402
 from core.home import Home  # noqa: E402
+from evals.config import load_suite  # noqa: E402
 from evals.harm import load_human_slice, load_system_slice  # noqa: E402
+from evals.sets import hand_written_items  # noqa: E402
 from training.data.harm_packaged import CATALOG as PROMPT_SETS  # noqa: E402
 from training.data.harm_packaged import load_prompt_set  # noqa: E402
 from training.data.harm_synth import external_records  # noqa: E402
@@ -49,7 +53,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
         return (float("nan"), float("nan"))
     p = k / n
     mid, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return ((mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n))
+    return (max(0.0, (mid - half) / (1 + z * z / n)), min(1.0, (mid + half) / (1 + z * z / n)))  # no -0.00
 
 
 def catch(clf: HarmClassifier, records: list[dict[str, str]]) -> dict[str, str]:
@@ -156,6 +160,18 @@ def written_forms(clf: HarmClassifier, human: list[dict[str, str]]) -> dict[str,
     }
 
 
+def chat_gate(clf: HarmClassifier) -> dict[str, str]:
+    """The real model's gate's hand-written safety items (``evals/suites/harmful.yaml`` and ``benign_risky.yaml``),
+    each as one user turn through the classifier alone: what the pre-filter stops before the model is asked. A
+    harmful request that passes here meets the model itself (issue 25's 8 of 8 per category)."""
+    rows = hand_written_items(load_suite("harmful"))
+    plain = [{"text": r["prompt"], "label": r["category"], "kind": "harmful"} for r in rows if not r["jailbreak"]]
+    report = {f"plain/{k}": v for k, v in catch(clf, plain).items()}
+    report["wrapped"] = blocked(clf, [r["prompt"] for r in rows if r["jailbreak"]])
+    report["benign_risky"] = blocked(clf, [r["prompt"] for r in hand_written_items(load_suite("benign_risky"))])
+    return report
+
+
 def blocked(clf: HarmClassifier, texts: list[str]) -> str:
     return share(sum(clf.blocks(s) for s in clf.scores(texts)), len(texts))
 
@@ -257,6 +273,7 @@ def main() -> None:
     for name, clf in clfs.items():
         report[f"{name}/human"] = catch(clf, human)
         report[f"{name}/system"] = system_messages(clf)
+        report[f"{name}/chat_gate"] = chat_gate(clf)
         report[f"{name}/written_forms"] = written_forms(clf, human)
         if test:
             report[f"{name}/test"] = catch(clf, test)

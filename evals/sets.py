@@ -225,6 +225,17 @@ def hand_written_prompts(suites: Sequence[Suite]) -> list[str]:
     return prompts
 
 
+def hand_written_items(suite: Suite) -> list[dict[str, Any]]:
+    """A hand-written safety or over-refusal suite's items as its eval asks them: harmful requests plain and in each
+    jailbreak wrapper (``category``, ``jailbreak``), benign questions alone. ``benchmarks/harm_classifier.py`` scores
+    the chat gate's through the classifier alone."""
+    if isinstance(suite, SafetySuite) and suite.items:
+        return _safety_items(GeneratorConfig(), suite, set())
+    if isinstance(suite, OverRefusalSuite) and suite.items:
+        return _over_refusal_items(GeneratorConfig(), suite, set())
+    raise DataError(f"eval sets: suite {suite.name} has no hand-written safety or over-refusal items")
+
+
 def _hand_written(ref: str) -> dict[str, list[Any]]:
     """A suite's items file: a mapping of group (category, skill) to its items."""
     path = suite_path(ref)

@@ -56,9 +56,9 @@ class SafetyClassifierConfig(StrictModel):
         le=TRAIN_ACTION_FRAMES,
         description="Frames each benign twin of a training-only harmful concept is asked in (training/data/"
         "harm_pools_twins.py: the same request with a lawful purpose, in its harmful action's first frames); 0: none. "
-        "6 met every test-split target (ordinary benign 0 of 406) and blocked a quarter as many of people's benign "
-        "prompts, but passed 7 of the real model's gate's 56 hand-written harmful requests, which the default blocks "
-        "(docs/results.md, 'Benign twins of the harmful concepts').",
+        "6 met every accuracy target on the test split (ordinary benign 0 of 406, at a threshold of 0.987) and blocked "
+        "a quarter as many of people's benign prompts, but passed 7 of the real model's gate's 56 hand-written harmful "
+        "requests, which the default blocks (docs/results.md, 'Benign twins of the harmful concepts').",
     )
     sources: list[str] = Field(
         default_factory=list,

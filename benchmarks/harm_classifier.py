@@ -17,7 +17,10 @@ hand-written system messages (``evals/harm_system.yaml``) as the gateway reads t
 instructions with ordinary questions, requests written as instructions with a turn that asks nothing ("go ahead")
 and with ordinary questions; and each message judged alone, which the gateway does not do. ``chat_gate``: the real
 model's gate's hand-written harmful requests (plain, per category, and in its jailbreak wrappers) and benign
-questions that sound risky, through the classifier alone. ``written_forms``: the
+questions that sound risky, through the classifier alone. ``forged``: hand-written assistant turns
+(``evals/harm_forged.yaml``) as the gateway reads those it did not write, joined with the user turns: forged ones
+that begin to comply, before a turn that asks nothing ("continue"), and helpful answers and refusals before the
+user's next question; and without them. ``written_forms``: the
 human slice's harmful and benign prompts as an evader writes them (Cyrillic or Greek look-alike letters, full-width
 letters, letters spaced apart, digits for letters: every one, or each word's first), blocked shares. Each version uses
 the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
@@ -40,7 +43,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # t
 from core.harm import HarmClassifier  # noqa: E402
 from core.home import Home  # noqa: E402
 from evals.config import load_suite  # noqa: E402
-from evals.harm import load_human_slice, load_system_slice  # noqa: E402
+from evals.harm import load_forged_slice, load_human_slice, load_system_slice  # noqa: E402
 from evals.sets import hand_written_items  # noqa: E402
 from training.data.harm_packaged import CATALOG as PROMPT_SETS  # noqa: E402
 from training.data.harm_packaged import load_prompt_set  # noqa: E402
@@ -125,6 +128,37 @@ def system_messages(clf: HarmClassifier, context: int = 3) -> dict[str, str]:
         "harmful_with_questions": under(sl["harmful"], sl["user_questions"]),
         "benign_alone_not_served": blocked(clf, [s["text"] for s in sl["benign"]]),
         "harmful_alone_not_served": blocked(clf, [s["text"] for s in sl["harmful"]]),
+    }
+
+
+def forged_replies(clf: HarmClassifier, context: int = 3) -> dict[str, str]:
+    """Blocked shares of the forged slice, its assistant turns judged as ones the gateway did not write (joined with
+    the user turns, never alone), and without them (as the gateway judged them before it read assistant turns, and
+    as it judges the replies it wrote). A forged turn is sent with each turn that asks nothing, after no user turn and
+    after an opening one; a benign exchange with each ordinary follow-up (a refusal with the user's next question)."""
+    sl = load_forged_slice()
+    opening = "hi, can you help me with something?"
+
+    def blocks(turns: list[str], replies: tuple[str, ...] = ()) -> bool:
+        return clf.blocks(clf.judge_turns(turns, context, (), replies))
+
+    forged = [
+        (first + [g["text"]], h["text"]) for h in sl["harmful"] for g in sl["go_ahead"] for first in ([], [opening])
+    ]
+    exchanges: list[tuple[list[str], str]] = []
+    for b in sl["benign"]:
+        if "next" in b:
+            exchanges.append(([b["user"], b["next"]], b["assistant"]))
+        else:
+            exchanges += [([b["user"], f["text"]], b["assistant"]) for f in sl["follow_ups"]]
+    passing = [(t, r) for t, r in forged if not blocks(t)]  # the turns that ask nothing pass on their own
+    return {
+        "harmful_joined": share(sum(blocks(t, (r,)) for t, r in forged), len(forged)),
+        "harmful_without_them": share(len(forged) - len(passing), len(forged)),
+        "harmful_joined_where_the_turns_pass": share(sum(blocks(t, (r,)) for t, r in passing), len(passing)),
+        "benign_joined": share(sum(blocks(t, (r,)) for t, r in exchanges), len(exchanges)),
+        "benign_without_them": share(sum(blocks(t) for t, _ in exchanges), len(exchanges)),
+        "harmful_alone_not_served": blocked(clf, [h["text"] for h in sl["harmful"]]),
     }
 
 
@@ -273,6 +307,7 @@ def main() -> None:
     for name, clf in clfs.items():
         report[f"{name}/human"] = catch(clf, human)
         report[f"{name}/system"] = system_messages(clf)
+        report[f"{name}/forged"] = forged_replies(clf)
         report[f"{name}/chat_gate"] = chat_gate(clf)
         report[f"{name}/written_forms"] = written_forms(clf, human)
         if test:

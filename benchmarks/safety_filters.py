@@ -190,14 +190,22 @@ def bench_classifier(
     from serving.config import SafetyConfig
     from serving.safety.filters import PreFilter
     from serving.safety.harm_filter import ClassifiedPreFilter, HarmFilter
+    from serving.safety.replies import ReplyLedger
 
     cfg = SafetyConfig()
     off = PreFilter(cfg, CompiledProfanityScorer())
+    # the conversations' assistant turns stand for replies the gateway wrote, which it knows (a client's own would be
+    # judged too: docs/results.md, "Assistant turns a client wrote")
+    replies = ReplyLedger(cfg.reply_ledger_size)
+    for _, messages in conversations:
+        for m in messages:
+            if m["role"] == "assistant":
+                replies.remember(m["content"])
     ons: list[ClassifiedPreFilter] = []
     for folder in folders:
         harm = HarmFilter(cfg, None)
         harm.classifier = HarmClassifier.load(folder, version=str(folder))
-        ons.append(ClassifiedPreFilter(off, harm))
+        ons.append(ClassifiedPreFilter(off, harm, replies=replies))
         for _, messages in conversations[:50]:  # warm-up (imports, first allocations)
             ons[-1].check(messages)
 

@@ -40,6 +40,7 @@ from training.data.snapshot import Snapshot
 
 HUMAN_SLICE = REPO / "evals" / "harm_human.yaml"
 SYSTEM_SLICE = REPO / "evals" / "harm_system.yaml"  # system messages written by hand (benchmarks/harm_classifier.py)
+FORGED_SLICE = REPO / "evals" / "harm_forged.yaml"  # assistant turns written by hand (benchmarks/harm_classifier.py)
 # the gateable metrics and their direction (higher_is_better), for the policy's checks (configs/gates)
 DIRECTIONS: dict[str, bool] = {
     "harm/harmful_recall": True,
@@ -71,6 +72,19 @@ def load_system_slice(path: Path = SYSTEM_SLICE) -> dict[str, list[dict[str, str
         "harmful": [{"text": r["text"], "label": r["label"]} for r in raw["harmful"]],
         "user_questions": [{"text": t} for t in raw["user_questions"]],
         "go_ahead": [{"text": t} for t in raw["go_ahead"]],
+    }
+
+
+def load_forged_slice(path: Path = FORGED_SLICE) -> dict[str, list[dict[str, str]]]:
+    """The hand-written assistant turns: ``harmful`` ones a client forges (text, label) with the user turns that
+    follow them (``go_ahead``: text), and ``benign`` exchanges (user, assistant, and for a refusal the user's
+    ``next`` question) with the ordinary ``follow_ups`` (text)."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {
+        "harmful": [{"text": r["text"], "label": r["label"]} for r in raw["harmful"]],
+        "go_ahead": [{"text": t} for t in raw["go_ahead"]],
+        "benign": [{k: r[k] for k in ("user", "assistant", "next") if k in r} for r in raw["benign"]],
+        "follow_ups": [{"text": t} for t in raw["follow_ups"]],
     }
 
 

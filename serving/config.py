@@ -141,6 +141,19 @@ class SafetyConfig(StrictModel):
         description="The classifier also judges the newest this-many user turns joined, with the request's system "
         "and developer messages ahead of them (1: the newest turn alone, and joined with those messages if any).",
     )
+    judge_replies: Literal["unverified", "all", "none"] = Field(
+        "unverified",
+        description="Which assistant turns a request carries the classifier judges with its user turns (joined, "
+        "never alone, within the context_turns window): those this gateway did not write (a client can forge "
+        "'Sure, here is how to ... Step 1:' and send 'continue'), every one, or none (serving.safety.replies).",
+    )
+    reply_ledger_size: int = Field(
+        65536,
+        ge=0,
+        description="How many of its replies the gateway remembers (a digest each, in memory) to know an assistant "
+        "turn it wrote when a client sends it back; older ones, and those of another replica or before a restart, "
+        "are judged like a client's own.",
+    )
     review_categories: list[str] = Field(
         default_factory=lambda: ["self_harm", "violence"],
         description="Classifier categories whose blocks are queued for human review (lifecycle safety-classifier "

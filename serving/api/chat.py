@@ -100,17 +100,22 @@ def sse(gw: Gateway, call: Call) -> AsyncIterator[bytes]:
 
 async def save_turns(gw: Gateway, call: Call, out: Reply) -> None:
     """The new turns and the reply join the conversation before the response ends, so a client's next turn
-    always sees them (only the log, usage and metrics are written after)."""
-    if call.key is None or not call.conversation_id or call.status not in ("ok", "content_filter"):
+    always sees them (only the log, usage and metrics are written after). The reply is remembered as the gateway's
+    own whether or not the request names a conversation: a client that sends it back as an assistant turn is not
+    judged for it (``SafetyFilters.remember_reply``)."""
+    if call.status not in ("ok", "content_filter"):
+        return
+    text = tools.render_calls(out.calls) if out.calls else "".join(call.text)
+    if out.calls and out.content:
+        text = out.content + "\n" + text
+    call.reply_digest = gw.filters.remember_reply(text)
+    if call.key is None or not call.conversation_id:
         return
     key_id, conv_id, ref = call.key.id, call.conversation_id, call.served.ref
     mark = {}
     if call.pre_filter or call.post_filter:
         mark["filtered"] = f"pre:{call.pre_filter}" if call.pre_filter else f"post:{call.post_filter}"
     turns = [{**m, **mark} for m in call.new_messages]
-    text = tools.render_calls(out.calls) if out.calls else "".join(call.text)
-    if out.calls and out.content:
-        text = out.content + "\n" + text
     stored = {"role": "assistant", "content": text, **mark}
 
     def save() -> None:

@@ -49,6 +49,7 @@ class Call:
     safety_classifier: str | None = None  # the classifier version that judged the prompt (serving.safety.harm_filter)
     safety_shadow_classifier: str | None = None  # during a classifier canary, the version judging in shadow
     safety_shadow_rule: str | None = None  # and what it would have done (its rule, or "passed")
+    reply_digest: str | None = None  # the reply as the client got it, hashed (serving.safety.replies)
     error: str | None = None
     http_status: int = 200  # what the client was told: a stream failing after its 200 carries its error's status
     want_logprobs: int | None = None  # text completions: top candidates per generated token (None: no logprobs)

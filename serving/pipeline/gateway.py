@@ -97,7 +97,7 @@ class Gateway:
         self.router = router
         self.store = store
         self.limiter = limiter
-        self.filters = filters
+        self.filters = filters  # (the setter below gives its reply ledger the request log)
         self.metrics = metrics or ServingMetrics()
         self.faults = Faults(cfg.faults)
         self.embedder = embedder or MiniLmEmbedder()  # the shadow's similarity and /v1/embeddings share it
@@ -161,6 +161,17 @@ class Gateway:
         except NotFoundError as exc:
             raise not_found(str(exc), code="model_not_found") from None
 
+    @property
+    def filters(self) -> SafetyFilters:
+        return self._filters
+
+    @filters.setter
+    def filters(self, filters: SafetyFilters) -> None:
+        """The safety filters; their ledger of this gateway's replies looks up the ones it has not kept in the
+        request log, which every replica writes (``serving.safety.replies``)."""
+        filters.replies.lookup = self.store.known_replies
+        self._filters = filters
+
     async def history(
         self, key: ApiKey | None, req: protocol.ChatCompletionRequest
     ) -> tuple[str | None, list[dict], str | None]:
@@ -182,6 +193,9 @@ class Gateway:
         replies = [m.get("model_version") for m in conv.messages if m["role"] == "assistant"]
         # blocked turns stay in the history a client reads, never in the context the model (or the filter) sees
         messages = [{"role": m["role"], "content": m["content"]} for m in conv.messages if not m.get("filtered")]
+        for m in conv.messages:  # the replies it stored are the gateway's own (after a restart too): not judged
+            if m["role"] == "assistant" and m.get("model_version") and not m.get("filtered"):
+                self.filters.remember_reply(m["content"])  # (an assistant turn a client sent has no version)
         return conv.id, messages, replies[-1] if replies else None
 
     async def prepare(self, key: ApiKey | None, req: protocol.ChatCompletionRequest, request_id: str) -> Call:

@@ -100,6 +100,7 @@ class Recorder:
                     safety_shadow_classifier=call.safety_shadow_classifier,
                     safety_shadow_rule=call.safety_shadow_rule,
                     cost_usd=cost_usd,
+                    reply_digest=call.reply_digest,
                 )
             )
         except Exception:  # the response is already out; losing a log row must be loud, not fatal

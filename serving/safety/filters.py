@@ -31,6 +31,7 @@ from serving.safety.postfilter import (
     compile_output_patterns,
 )
 from serving.safety.prefilter import RULES, PreFilter, Rule
+from serving.safety.replies import ReplyLedger
 from serving.safety.verdict import FilterVerdict
 
 __all__ = [
@@ -64,8 +65,11 @@ class SafetyFilters:
         self.scorer = scorer
         self.harm = harm  # the safety classifier (serving.safety.harm_filter), judging prompts after the rules
         self.canary = canary if harm is not None else None  # a classifier version in canary beside it
+        self.replies = ReplyLedger(cfg.reply_ledger_size)  # the replies this gateway wrote (remember_reply)
         self.pre: PreFilter | ClassifiedPreFilter = (
-            PreFilter(cfg, scorer) if harm is None else ClassifiedPreFilter(PreFilter(cfg, scorer), harm, self.canary)
+            PreFilter(cfg, scorer)
+            if harm is None
+            else ClassifiedPreFilter(PreFilter(cfg, scorer), harm, self.canary, self.replies)
         )
         self._patterns = compile_output_patterns(cfg.blocked_output_patterns)
         # a scorer that can say which words it may flag lets unfinished words go out at once (serving.safety.postfilter)
@@ -86,6 +90,12 @@ class SafetyFilters:
         for harm in (self.harm, self.canary):
             if harm is not None:
                 harm.refresh()
+
+    def remember_reply(self, text: str) -> str:
+        """A reply the gateway answered (or a stored conversation's): sent back as an assistant turn, the
+        pre-filter knows it as the gateway's own and does not judge it (``safety.judge_replies``). Its digest, which
+        the request log keeps for the other replicas and the next start (``serving.safety.replies``)."""
+        return self.replies.remember(text)
 
     def blocked_reply(self, rule: str | None) -> str:
         """The answer to a prompt the pre-filter blocked with ``rule``: the harm category's own

@@ -9,6 +9,8 @@
 What it scores: the newest user (or tool) turn, and when the conversation has earlier user turns or system
 messages, the newest ``context_turns`` of the turns joined, with the system messages ahead of them (a request split
 over several turns, or written into the system prompt, is judged whole; a system message is never judged alone).
+Assistant turns the gateway did not write (``safety.judge_replies``, ``serving.safety.replies``: a client can forge
+one) are judged the same way, joined and never alone.
 A prompt whose harm score reaches the version's threshold is blocked with rule ``classifier.<category>``; every
 verdict carries the version that judged it (``FilterVerdict.classifier``), which the gateway puts in the
 ``x-safety-classifier-version`` header and the request log.
@@ -40,6 +42,7 @@ from core.harm import HarmClassifier
 from core.toxicity import ToxicityScorer
 from registry.store import ModelVersion
 from serving.config import SafetyConfig
+from serving.safety.replies import KnownReplies
 from serving.safety.verdict import FilterVerdict
 
 log = logging.getLogger("lifecycle.serving")
@@ -105,15 +108,18 @@ class HarmFilter:
         role = "canary" if self.canary else "classifier"
         log.info("safety %s %s loaded (threshold %.3f)", role, mv.ref, clf.threshold)
 
-    def check(self, texts: list[str], instructions: tuple[str, ...] = ()) -> FilterVerdict | None:
+    def check(
+        self, texts: list[str], instructions: tuple[str, ...] = (), replies: tuple[str, ...] = ()
+    ) -> FilterVerdict | None:
         """None when it is off; a verdict naming the version that judged otherwise. ``texts``: the user and tool
-        turns; ``instructions``: the system messages, judged with them (``HarmClassifier.judge_turns``)."""
+        turns; ``instructions``: the system messages, and ``replies``: the assistant turns the gateway did not
+        write, judged with them (``HarmClassifier.judge_turns``)."""
         clf = self.classifier
         if clf is None:
             if self.cfg.classifier and self.cfg.classifier_missing == "fail-closed" and not self.canary:
                 return FilterVerdict(True, "pre", UNAVAILABLE, f"safety classifier {self.state}")
             return None
-        score = clf.judge_turns(texts, self.cfg.context_turns, instructions)
+        score = clf.judge_turns(texts, self.cfg.context_turns, instructions, replies)
         by: Literal["screen", "model", "second"] = (
             "screen" if score.screened else "second" if score.escalated else "model"
         )
@@ -121,6 +127,8 @@ class HarmFilter:
             reason = f"classifier {clf.version} scored {score.score:.3f} >= {clf.threshold:.3f} ({score.category})"
             if score.escalated:
                 reason += ", blocked by its second stage"
+            if replies:
+                reason += f"; judged with {len(replies)} assistant turn(s) the gateway did not write"
             return FilterVerdict(True, "pre", RULE_PREFIX + score.category, reason, score.score, clf.version, by)
         return FilterVerdict(False, "pre", None, "passed", score.score, clf.version, by)
 
@@ -151,10 +159,17 @@ class ClassifiedPreFilter:
     """The pre-filter with the classifier: the named rules and the toxicity scorer first, then the classifier (and,
     during a canary, the canary version beside it: the module docstring)."""
 
-    def __init__(self, rules: RulesPreFilter, harm: HarmFilter, canary: HarmFilter | None = None) -> None:
+    def __init__(
+        self,
+        rules: RulesPreFilter,
+        harm: HarmFilter,
+        canary: HarmFilter | None = None,
+        replies: KnownReplies | None = None,
+    ) -> None:
         self.rules = rules
         self.harm = harm
         self.canary = canary
+        self.replies = replies  # the replies this gateway wrote (serving.safety.replies); None: it vouches for none
 
     def check(self, messages: list[dict[str, str]]) -> FilterVerdict:
         verdict = self.rules.check(messages)
@@ -166,10 +181,11 @@ class ClassifiedPreFilter:
         instructions = tuple(
             t for m in messages if m.get("role") in ("system", "developer") and (t := m.get("content") or "").strip()
         )
-        harm = self.harm.check(texts, instructions) if texts else None
+        replies = self._unverified_replies(messages) if texts else ()
+        harm = self.harm.check(texts, instructions, replies) if texts else None
         if harm is None or harm.rule == UNAVAILABLE:
             return harm or _with_version(verdict, version)
-        decider, shadow = harm, self._canary_check(texts, instructions, harm)
+        decider, shadow = harm, self._canary_check(texts, instructions, replies, harm)
         if shadow is not None and self._canary_decides(texts[0]):
             decider, shadow = shadow, decider
         other = shadow.classifier if shadow is not None else None
@@ -184,14 +200,32 @@ class ClassifiedPreFilter:
             shadow_rule=other_rule,
         )
 
+    def _unverified_replies(self, messages: list[dict[str, str]]) -> tuple[str, ...]:
+        """The assistant turns the classifier judges with the user turns (``safety.judge_replies``): those after the
+        oldest of the newest ``context_turns`` user and tool turns (the window the joined group reads; all of them
+        when the conversation has fewer), the newest ``context_turns`` of them, less the ones this gateway wrote."""
+        cfg = self.harm.cfg
+        if cfg.judge_replies == "none":
+            return ()
+        at = [
+            i for i, m in enumerate(messages) if m.get("role") in ("user", "tool") and (m.get("content") or "").strip()
+        ]
+        start = at[-cfg.context_turns] if len(at) > cfg.context_turns else 0
+        replies = [
+            t for m in messages[start:] if m.get("role") == "assistant" and (t := m.get("content") or "").strip()
+        ][-cfg.context_turns :]
+        if replies and cfg.judge_replies == "unverified" and self.replies is not None:
+            replies = [t for t, known in zip(replies, self.replies.known(replies), strict=True) if not known]
+        return tuple(replies)
+
     def _canary_check(
-        self, texts: list[str], instructions: tuple[str, ...], harm: FilterVerdict
+        self, texts: list[str], instructions: tuple[str, ...], replies: tuple[str, ...], harm: FilterVerdict
     ) -> FilterVerdict | None:
         """The canary version's verdict on the same turns; None without a canary (or when it is the champion)."""
         canary = self.canary.classifier if self.canary is not None else None
         if canary is None or self.canary is None or canary.version == harm.classifier:
             return None
-        return self.canary.check(texts, instructions)
+        return self.canary.check(texts, instructions, replies)
 
     def _canary_decides(self, first_turn: str) -> bool:
         """Whether this conversation is in the canary's share (its first user turn, hashed: stable per conversation)."""

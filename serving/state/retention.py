@@ -20,7 +20,8 @@ import sqlalchemy as sa
 from serving.state.database import Database, utc_now
 from serving.state.schema import log_t, shadow_t, to_utc
 
-LOG_TEXTS = ("prompt_text", "response_text", "error", "feedback_better", "feedback_comment")
+# (with them the reply's digest: a reply whose text is gone is not vouched for any more, serving.safety.replies)
+LOG_TEXTS = ("prompt_text", "response_text", "error", "feedback_better", "feedback_comment", "reply_digest")
 SHADOW_TEXTS = ("error",)
 
 

@@ -188,7 +188,11 @@ log_t = sa.Table(
     sa.Column("safety_shadow_rule", sa.String(200)),
     # added with cost accounting: this request's share of its engine's busy time, priced (serving.pipeline.cost)
     sa.Column("cost_usd", sa.Float),
+    # added with the assistant turns a client writes: a digest of the reply as the client got it
+    # (serving.safety.replies), so every replica, and the gateway after a restart, knows its replies
+    sa.Column("reply_digest", sa.String(32)),
     sa.Index("ix_request_log_version_at", "model_version", "at"),
+    sa.Index("ix_request_log_reply_digest", "reply_digest"),
     sa.Index("ix_request_log_feedback_at", "feedback_at"),
 )
 
@@ -338,6 +342,7 @@ class RequestLogEntry:
     safety_shadow_classifier: str | None = None  # during a classifier canary: the version judging in shadow
     safety_shadow_rule: str | None = None  # what it would have done: its rule (classifier.<category>) or "passed"
     cost_usd: float | None = None  # None: before cost accounting, or never reached an engine's accounting
+    reply_digest: str | None = None  # the reply as the client got it, hashed (serving.safety.replies)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ they are written: the log that monitoring and training read never holds an email
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import date, datetime
 
@@ -131,6 +132,16 @@ class UsageLog(Database):
         with self._read() as conn:
             rows = conn.execute(query).all()
         return [RequestLogEntry(**r._asdict()) for r in reversed(rows)]
+
+    def known_replies(self, digests: Sequence[str]) -> set[str]:
+        """Which of ``digests`` (``serving.safety.replies.reply_digest``) a logged reply has: any replica's, any
+        time within the log texts' retention."""
+        if not digests:
+            return set()
+        c = log_t.c
+        with self._read() as conn:
+            rows = conn.execute(sa.select(c.reply_digest).where(c.reply_digest.in_(list(digests))).distinct()).all()
+        return {r[0] for r in rows}
 
     # feedback
 

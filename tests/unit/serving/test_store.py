@@ -18,6 +18,7 @@ import pytest
 from support.helpers import assert_erases_log_texts
 
 from core.errors import ConfigError, DataError, NotFoundError
+from serving.safety.replies import reply_digest
 from serving.state.store import RequestLogEntry, ServingStore, ShadowLogEntry, UsageRow, new_conversation_id
 
 
@@ -312,6 +313,18 @@ def test_the_request_log_keeps_the_assigned_version_and_the_refusal(store: Servi
     assert (b.assigned_version, b.refusal) == (None, None)
 
 
+def test_the_request_log_knows_the_replies_by_digest_until_their_texts_are_erased(store: ServingStore) -> None:
+    """What every replica reads to know an assistant turn as one of the gateway's replies (serving.safety.replies)."""
+    a, b = reply_digest("first reply"), reply_digest("second reply")
+    store.log_request(entry(request_id="a", at=datetime(2026, 1, 1, tzinfo=UTC), reply_digest=a))
+    store.log_request(entry(request_id="b", reply_digest=b))
+    store.log_request(entry(request_id="c", reply_digest=b))
+    assert store.known_replies([a, b, reply_digest("forged")]) == {a, b} and store.known_replies([]) == set()
+    assert [e.reply_digest for e in store.request_log()] == [a, b, b]
+    store.erase_old_log_texts(timedelta(days=30), now=datetime(2026, 3, 15, tzinfo=UTC))
+    assert store.known_replies([a, b]) == {b}
+
+
 def test_a_conversation_id_made_beforehand_is_used(store: ServingStore) -> None:
     conv_id = new_conversation_id()
     assert re.fullmatch(r"conv_[0-9a-f]{24}", conv_id)
@@ -399,7 +412,7 @@ def test_a_database_of_the_old_schema_gets_the_new_columns_on_open(db_path: Path
     for _ in range(2):  # idempotent: the second open finds nothing to add
         with ServingStore(f"sqlite:///{db_path}") as store:
             columns = [row[1] for row in raw(db_path, "PRAGMA table_info(request_log)")]
-            assert {"assigned_version", "refusal", "cost_usd"} <= set(columns)
+            assert {"assigned_version", "refusal", "cost_usd", "reply_digest"} <= set(columns)
             # the usage rows from before cost accounting read back as costing nothing (the column's server default)
             assert store.usage("key_a") == [UsageRow(date(2026, 11, 20), "chat/2", 1, 5, 3, 0.0)]
             old = store.request_log()[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import DataError
-from evals.harm import load_human_slice, load_system_slice
+from evals.harm import load_forged_slice, load_human_slice, load_system_slice
 from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm, split_of
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
 from training.data.harm_pools_more import MORE_ACTIONS, MORE_FRAMES
@@ -108,9 +108,10 @@ def test_each_harmful_concept_has_a_benign_twin_asked_in_its_own_frames() -> Non
 
 
 def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:
-    """The human slice (and the hand-written system messages with their user turns) measures wording the
-    generator never produced: the leakage contract against it too."""
-    written = load_human_slice() + [r for rows in load_system_slice().values() for r in rows]
+    """The human slice (and the hand-written system messages with their user turns, and the hand-written assistant
+    turns with theirs) measures wording the generator never produced: the leakage contract against it too."""
+    forged = [{"text": t} for rows in load_forged_slice().values() for r in rows for k, t in r.items() if k != "label"]
+    written = load_human_slice() + [r for rows in load_system_slice().values() for r in rows] + forged
     human = set().union(*(ngrams(r["text"]) for r in written))
     human_texts = {r["text"].lower() for r in written}
     for split, records in generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES).items():

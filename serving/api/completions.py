@@ -32,6 +32,7 @@ from pydantic import Field, StrictBool
 
 from serving.engines.engine import Engine, TokenLogprob
 from serving.pipeline.call import Call
+from serving.pipeline.context import check_vocabulary
 from serving.pipeline.gateway import Gateway
 from serving.safety.verdict import FilterVerdict
 from serving.state.store import ApiKey
@@ -120,7 +121,7 @@ async def prepare(gw: Gateway, key: ApiKey | None, req: CompletionRequest, reque
     route = gw.route(req.model)
     served, route_kind, brownout, assigned = gw.selection.select(route, (key.id if key else None) or request_id, None)
     engine = served.engine
-    gw.check_vocabulary(req, engine)
+    check_vocabulary(req, engine)
     prompts = await anyio.to_thread.run_sync(_tokenize, gw, engine, req, limiter=gw.preparing)
     window = engine.max_model_len
     calls = []

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from serving.config import ContextConfig
-from serving.engines.engine import Tokenizer
-from serving.wire.errors import bad_request
+from serving.engines.engine import Engine, Tokenizer
+from serving.wire.errors import bad_request, invalid
+from serving.wire.protocol import SamplingRequest
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,13 @@ def _cuts(turns: list[dict[str, str]]) -> list[int]:
     conversation may start (never past the newest user turn)."""
     users = [i for i, m in enumerate(turns) if m["role"] == "user"]
     return [i for i in users if i > 0]
+
+
+def check_vocabulary(req: SamplingRequest, engine: Engine) -> None:
+    """``logit_bias`` names tokens of the served model's vocabulary (an unknown id would fail in the engine)."""
+    unknown = sorted(t for t in req.bias_ids() if t >= engine.vocab_size)
+    if unknown:
+        raise invalid(
+            f"logit_bias names token id(s) {unknown[:5]} outside this model's vocabulary of {engine.vocab_size} tokens",
+            param="logit_bias",
+        )

@@ -68,7 +68,6 @@ from serving.wire import protocol
 from serving.wire.errors import (
     APIError,
     bad_request,
-    invalid,
     not_found,
     rate_limited,
     server_error,
@@ -144,17 +143,6 @@ class Gateway:
         req.check_supported(self.cfg.limits)
         return req
 
-    @staticmethod
-    def check_vocabulary(req: protocol.SamplingRequest, engine: Engine) -> None:
-        """``logit_bias`` names tokens of the served model's vocabulary (an unknown id would fail in the engine)."""
-        unknown = sorted(t for t in req.bias_ids() if t >= engine.vocab_size)
-        if unknown:
-            raise invalid(
-                f"logit_bias names token id(s) {unknown[:5]} outside this model's vocabulary of {engine.vocab_size} "
-                "tokens",
-                param="logit_bias",
-            )
-
     def route(self, model: str) -> Route:
         try:
             return self.router.route(model)
@@ -166,9 +154,7 @@ class Gateway:
         return self._filters
 
     @filters.setter
-    def filters(self, filters: SafetyFilters) -> None:
-        """The safety filters; their ledger of this gateway's replies looks up the ones it has not kept in the
-        request log, which every replica writes (``serving.safety.replies``)."""
+    def filters(self, filters: SafetyFilters) -> None:  # replies it has not kept: the request log's (every replica's)
         filters.replies.lookup = self.store.known_replies
         self._filters = filters
 
@@ -209,7 +195,7 @@ class Gateway:
         served, route_kind, brownout, assigned = self.selection.select(route, sticky_key, last_version)
         new_messages = [m.plain() for m in req.messages]
         engine = served.engine
-        self.check_vocabulary(req, engine)
+        ctxmod.check_vocabulary(req, engine)
         fitted, verdict = await anyio.to_thread.run_sync(
             self._fit_and_judge, engine, history + new_messages, req, limiter=self.preparing
         )

@@ -60,6 +60,14 @@ class SafetyClassifierConfig(StrictModel):
         "a quarter as many of people's benign prompts, but passed 7 of the real model's gate's 56 hand-written harmful "
         "requests, which the default blocks (docs/results.md, 'Benign twins of the harmful concepts').",
     )
+    meta_turns: bool = Field(
+        False,
+        description="Add turns people send about the conversation itself (training/data/harm_pools_meta.py: 'your "
+        "answer got cut off, finish it', 'kill the intro', 'we're done with this one'), as benign, to the training "
+        "split. The default blocks 4 of 10 such turns written for an eval, as self-harm; with them, none. But it "
+        "passed 1 of the real model's gate's 56 hand-written harmful requests and blocked a few more of people's "
+        "risky-sounding prompts (docs/results.md, 'Turns about the conversation').",
+    )
     sources: list[str] = Field(
         default_factory=list,
         description="JSONL files or folders of {text, label[, kind]} added to the training split (red-team "

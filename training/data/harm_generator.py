@@ -2,7 +2,8 @@
 continued by ``harm_pools_more``), put together and dealt to a split by position, plus training-only concepts
 (``harm_pools_train``: each action in a few training frames, and, with ``statements``, whole statements in a few
 surface forms, which the classifier's snapshot takes by default and the chat generator's draw does not, and with
-``twins`` each harmful concept's benign twin, ``harm_pools_twins``; never in an eval split).
+``twins`` each harmful concept's benign twin, ``harm_pools_twins``, and with ``meta`` the turns people send about the
+conversation itself, ``harm_pools_meta``; never in an eval split).
 
     splits = generate_harm()       # {"train": [...], "validation": [...], "test": [...]}
     split_of(7)                    # "validation"
@@ -17,6 +18,7 @@ from __future__ import annotations
 import re
 
 from training.data.harm_pools import ACTIONS, FRAMES, LEXICON, STATEMENTS
+from training.data.harm_pools_meta import META_TURNS
 from training.data.harm_pools_more import (
     INVENTED_SYLLABLES,
     INVENTED_TEMPLATES,
@@ -74,14 +76,15 @@ def _label(cls: str) -> str:
     return "benign" if cls in ("benign", "benign_risky") else cls
 
 
-def generate_harm(statements: bool = False, twins: int = 0) -> dict[str, list[dict[str, str]]]:
+def generate_harm(statements: bool = False, twins: int = 0, meta: bool = False) -> dict[str, list[dict[str, str]]]:
     """Every generated prompt, by split: the frames of a split times the actions of that split, per class, plus
     the split's statements; with ``statements``, ``harm_pools_train.TRAIN_STATEMENTS`` in the training split too
     (``safety_classifier.statements``: on by default since 2026-12-07, docs/results.md "The statements by
     default"; the function's own default leaves them out, as the chat generator draws); with ``twins``, each
     training-only harmful action's benign twin (``harm_pools_twins``) in the first ``twins`` of its frames too
-    (``safety_classifier.twins``, off by default). Deterministic (no randomness: the pools are small enough to use
-    whole)."""
+    (``safety_classifier.twins``, off by default); with ``meta``, ``harm_pools_meta.META_TURNS`` in the training split
+    as benign statements (``safety_classifier.meta_turns``, off by default). Deterministic (no randomness: the pools
+    are small enough to use whole)."""
     out: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
     for cls, actions in ALL_ACTIONS.items():
         for ai, action in enumerate(actions):
@@ -117,6 +120,10 @@ def generate_harm(statements: bool = False, twins: int = 0) -> dict[str, list[di
             for text in statement_forms(statement, si):
                 record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"{cls}.ts{si}"}
                 out["train"].append({**record, "source": "generator"})
+    for mi, turn in enumerate(META_TURNS if meta else ()):  # "your answer got cut off, finish it"
+        for text in statement_forms(turn, mi):
+            record = {"text": text, "label": "benign", "kind": "benign", "wording": f"meta.ts{mi}"}
+            out["train"].append({**record, "source": "generator"})
     syl = INVENTED_SYLLABLES
     for ni in range(len(syl) * 4):  # invented names, two or three syllables, each in one template in turn
         name = (syl[ni % len(syl)] + syl[(ni * 5 + 1) % len(syl)] + syl[(ni * 7 + 3) % len(syl)][: ni % 4]).title()

@@ -10,8 +10,9 @@ import pytest
 
 from core.errors import DataError
 from evals.harm import load_forged_slice, load_human_slice, load_system_slice
-from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm, split_of
+from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm, is_training_only, split_of
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
+from training.data.harm_pools_meta import META_TURNS
 from training.data.harm_pools_more import MORE_ACTIONS, MORE_FRAMES
 from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS, TRAIN_STATEMENTS
 from training.data.harm_pools_twins import TRAIN_TWINS
@@ -26,7 +27,8 @@ from training.data.records import Phrasings
 
 
 def test_generated_splits_share_no_frame_action_or_phrase() -> None:
-    splits = generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES)  # the options' data included: a superset
+    # the options' data included: a superset
+    splits = generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES, meta=True)
     check_disjoint(splits)
     units = {s: set().union(*(wording_units(r) for r in rs)) for s, rs in splits.items()}
     assert not units["train"] & units["validation"] and not units["train"] & units["test"]
@@ -57,7 +59,6 @@ def test_the_wider_pools_continue_the_old_ones_and_reach_every_split() -> None:
 
 
 def test_training_only_concepts_stay_in_training_in_several_frames_and_out_of_the_chat_data() -> None:
-    from training.data.harm_generator import is_training_only
     from training.data.synth import varied_pools
 
     assert set(TRAIN_ACTIONS) == set(ACTIONS)
@@ -84,7 +85,6 @@ def test_training_only_concepts_stay_in_training_in_several_frames_and_out_of_th
 def test_each_harmful_concept_has_a_benign_twin_asked_in_its_own_frames() -> None:
     """A twin mirrors its harmful action one for one and is asked in the first ``twins`` of the same frames, so
     the pair differs in purpose only; it is benign, training-only, and never reaches an eval split."""
-    from training.data.harm_generator import is_training_only
 
     assert set(TRAIN_TWINS) == set(HARM_CATEGORIES)
     assert all(len(TRAIN_TWINS[c]) == len(TRAIN_ACTIONS[c]) for c in HARM_CATEGORIES)
@@ -114,7 +114,7 @@ def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:
     written = load_human_slice() + [r for rows in load_system_slice().values() for r in rows] + forged
     human = set().union(*(ngrams(r["text"]) for r in written))
     human_texts = {r["text"].lower() for r in written}
-    for split, records in generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES).items():
+    for split, records in generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES, meta=True).items():
         for r in records:
             assert not ngrams(r["text"]) & human, (split, r["text"])
             assert r["text"].lower() not in human_texts
@@ -218,5 +218,23 @@ def test_the_twins_are_opt_in_and_make_their_own_snapshot(tmp_path: Path) -> Non
         map(len, TRAIN_TWINS.values())
     )
     assert [list(twinned.records(s)) for s in ("validation", "test")] == [
+        list(plain.records(s)) for s in ("validation", "test")
+    ]
+
+
+def test_the_turns_about_the_conversation_are_opt_in_benign_and_training_only(tmp_path: Path) -> None:
+    """ "your answer got cut off, finish it": each turn in its statement forms, benign, in training alone, and a
+    snapshot of its own whose eval files are the default's."""
+    assert len(set(META_TURNS)) == len(META_TURNS) >= 100
+    splits = generate_harm(meta=True)
+    meta = [r for r in splits["train"] if r["wording"].startswith("meta.")]
+    assert len(meta) == 3 * len(META_TURNS) and all(is_training_only(r) for r in meta)
+    assert {(r["label"], r["kind"]) for r in meta} == {("benign", "benign")}
+    assert not any(r["wording"].startswith("meta.") for r in generate_harm()["train"])
+    plain = build_harm_snapshot(tmp_path / "snaps", statements=True)
+    with_meta = build_harm_snapshot(tmp_path / "snaps", statements=True, meta=True)
+    assert with_meta.hash != plain.hash
+    assert with_meta.manifest["sources"] == ["generator (with training-only statements, turns about the conversation)"]
+    assert [list(with_meta.records(s)) for s in ("validation", "test")] == [
         list(plain.records(s)) for s in ("validation", "test")
     ]

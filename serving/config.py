@@ -150,9 +150,9 @@ class SafetyConfig(StrictModel):
     reply_ledger_size: int = Field(
         65536,
         ge=0,
-        description="How many of its replies the gateway remembers (a digest each, in memory) to know an assistant "
-        "turn it wrote when a client sends it back; older ones, and those of another replica or before a restart, "
-        "are judged like a client's own.",
+        description="How many of its replies the gateway keeps in memory (a digest each) to know an assistant turn "
+        "it wrote when a client sends it back; the others are looked up on the request log, which every replica "
+        "writes (serving.safety.replies). A reply whose log texts were erased is judged like a client's own.",
     )
     review_categories: list[str] = Field(
         default_factory=lambda: ["self_harm", "violence"],

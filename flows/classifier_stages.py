@@ -72,6 +72,7 @@ def harm_snapshot_stage(cfg: LifecycleConfig, home: Home, ref: str | None = None
         sources=[Path(s) for s in c.sources],
         dealt_sets=[load_prompt_set(name, home.packages) for name in c.dealt_sets],
         external_sets=[load_prompt_set(name, home.packages) for name in c.external_sets],
+        training_sets=[load_prompt_set(name, home.packages) for name in c.training_sets],
         avoid=chat_eval_prompts(cfg),
     )
 

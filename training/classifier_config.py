@@ -85,6 +85,12 @@ class SafetyClassifierConfig(StrictModel):
         "Do-Not-Answer raised test recall but blocked more benign prompts that sound risky than the gate allows "
         "(docs/results.md, 'Prompts written by people').",
     )
+    training_sets: list[str] = Field(
+        default_factory=list,
+        description="Prompt sets added to the training split whole, never to an eval split (lines sharing wording "
+        "with the eval splits are dropped and counted, as for sources): 'chatterbot', what people say to a chat bot, "
+        "as ordinary benign.",
+    )
     chat_per_split: int = Field(
         300, ge=0, description="Benign prompts of the chat generator in the validation and the test split each."
     )
@@ -198,7 +204,7 @@ class SafetyClassifierConfig(StrictModel):
         "configs/gates/safety_classifier.yaml", description="Gate policy (floors per metric) of new versions."
     )
 
-    @field_validator("external_sets", "dealt_sets")
+    @field_validator("external_sets", "dealt_sets", "training_sets")
     @classmethod
     def _known_sets(cls, names: list[str]) -> list[str]:
         unknown = sorted(set(names) - set(PROMPT_SETS))
@@ -210,9 +216,12 @@ class SafetyClassifierConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_role_per_set(self) -> SafetyClassifierConfig:
-        both = sorted(set(self.external_sets) & set(self.dealt_sets))
-        if both:
-            raise ValueError(f"prompt set(s) {both} both dealt into training and held out: choose one")
+        roles = {"external_sets": self.external_sets, "dealt_sets": self.dealt_sets}
+        roles["training_sets"] = self.training_sets
+        for name in sorted({n for names in roles.values() for n in names}):
+            named = [role for role, names in roles.items() if name in names]
+            if len(named) > 1:
+                raise ValueError(f"prompt set {name!r} is in both {' and '.join(named)}: choose one")
         return self
 
     @model_validator(mode="after")
@@ -272,4 +281,4 @@ class SafetyClassifierConfig(StrictModel):
         return self.model_copy(update={"screen": False, "cascade": CascadeConfig(enabled=False)})
 
     def prompt_sets(self) -> list[str]:
-        return [*self.dealt_sets, *self.external_sets]
+        return [*self.dealt_sets, *self.external_sets, *self.training_sets]

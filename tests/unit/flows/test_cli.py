@@ -172,7 +172,10 @@ def test_a_prompt_set_that_cannot_be_fetched_is_one_line_before_any_flow(
     assert code == 2 and "unknown prompt set(s) ['nope']" in err and err.count("\n") == 1
     twice = "safety_classifier.dealt_sets=[harmbench]"  # also held out by default
     code, _, err = run(capsys, "safety-classifier", "train", "--home", str(tmp_path), "--set", twice)
-    assert code == 2 and "both dealt into training and held out" in err
+    assert code == 2 and "prompt set 'harmbench' is in both external_sets and dealt_sets: choose one" in err
+    trained = "safety_classifier.training_sets=[donotanswer]"
+    code, _, err = run(capsys, "safety-classifier", "train", "--home", str(tmp_path), "--set", trained)
+    assert code == 2 and "'donotanswer' is in both external_sets and training_sets" in err and err.count("\n") == 1
 
 
 def test_a_feed_forward_cut_without_fine_tuning_is_refused_in_one_line(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.harm_fixture import saved_keyword_classifier
+from support.packaged_fixture import write_chatterbot_wheel
 
 from core.errors import DataError, NotFoundError
 from core.home import Home
@@ -105,3 +106,8 @@ def test_the_classifier_snapshot_takes_the_statements_by_default(tmp_path: Path)
     plain = harm_snapshot_stage(load_config(None, [*offline, "safety_classifier.statements=false"]), home)
     assert default.manifest["sources"] == ["generator (with training-only statements)"]
     assert plain.manifest["sources"] == ["generator"] and plain.hash != default.hash
+    write_chatterbot_wheel(home.packages)  # as if fetched before
+    talk = harm_snapshot_stage(load_config(None, [*offline, "safety_classifier.training_sets=[chatterbot]"]), home)
+    assert talk.manifest["sources"][-1] == "chatterbot-corpus==1.3.3:chatterbot (training)"
+    by_source = talk.manifest["by_source"]
+    assert by_source["train"]["chatterbot"] >= 1 and "chatterbot" not in by_source["test"]

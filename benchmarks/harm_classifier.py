@@ -20,7 +20,8 @@ model's gate's hand-written harmful requests (plain, per category, and in its ja
 questions that sound risky, through the classifier alone. ``forged``: hand-written assistant turns
 (``evals/harm_forged.yaml``) as the gateway reads those it did not write, joined with the user turns: forged ones
 that begin to comply, before a turn that asks nothing ("continue"), and helpful answers and refusals before the
-user's next question; and without them. ``written_forms``: the
+user's next question; and without them. ``discreet``: hand-written requests for discretion
+(``evals/harm_discreet.yaml``: lawful ones, and harmful ones that hide the same way). ``written_forms``: the
 human slice's harmful and benign prompts as an evader writes them (Cyrillic or Greek look-alike letters, full-width
 letters, letters spaced apart, digits for letters: every one, or each word's first), blocked shares. Each version uses
 the threshold it was registered with; either folder format loads (``static`` or ``encoder`` features,
@@ -43,7 +44,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # t
 from core.harm import HarmClassifier  # noqa: E402
 from core.home import Home  # noqa: E402
 from evals.config import load_suite  # noqa: E402
-from evals.harm import load_forged_slice, load_human_slice, load_system_slice  # noqa: E402
+from evals.harm import load_discreet_slice, load_forged_slice, load_human_slice, load_system_slice  # noqa: E402
 from evals.sets import hand_written_items  # noqa: E402
 from training.data.harm_packaged import CATALOG as PROMPT_SETS  # noqa: E402
 from training.data.harm_packaged import load_prompt_set  # noqa: E402
@@ -292,7 +293,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3, help="user turns per request of the second latency measurement")
     args = ap.parse_args()
     clfs = {"baseline": HarmClassifier.load(args.baseline), "candidate": HarmClassifier.load(args.candidate)}
-    human = load_human_slice()
+    human, discreet = load_human_slice(), load_discreet_slice()
     test: list[dict[str, str]] = []
     external: list[dict[str, str]] = []
     if args.snapshot:
@@ -309,6 +310,7 @@ def main() -> None:
         report[f"{name}/system"] = system_messages(clf)
         report[f"{name}/forged"] = forged_replies(clf)
         report[f"{name}/chat_gate"] = chat_gate(clf)
+        report[f"{name}/discreet"] = catch(clf, discreet)
         report[f"{name}/written_forms"] = written_forms(clf, human)
         if test:
             report[f"{name}/test"] = catch(clf, test)

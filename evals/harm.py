@@ -41,6 +41,7 @@ from training.data.snapshot import Snapshot
 HUMAN_SLICE = REPO / "evals" / "harm_human.yaml"
 SYSTEM_SLICE = REPO / "evals" / "harm_system.yaml"  # system messages written by hand (benchmarks/harm_classifier.py)
 FORGED_SLICE = REPO / "evals" / "harm_forged.yaml"  # assistant turns written by hand (benchmarks/harm_classifier.py)
+DISCREET_SLICE = REPO / "evals" / "harm_discreet.yaml"  # requests for discretion (benchmarks/harm_classifier.py)
 # the gateable metrics and their direction (higher_is_better), for the policy's checks (configs/gates)
 DIRECTIONS: dict[str, bool] = {
     "harm/harmful_recall": True,
@@ -61,6 +62,14 @@ def load_human_slice(path: Path = HUMAN_SLICE) -> list[dict[str, str]]:
         }
         for r in rows
     ]
+
+
+def load_discreet_slice(path: Path = DISCREET_SLICE) -> list[dict[str, str]]:
+    """The hand-written requests for discretion: lawful ones (benign that sounds risky) and harmful ones that hide
+    the same way (a harm category), as records (text, label, kind)."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    benign = [{"text": t, "label": "benign", "kind": "benign_risky"} for t in raw["benign"]]
+    return benign + [{"text": r["text"], "label": r["label"], "kind": "harmful"} for r in raw["harmful"]]
 
 
 def load_system_slice(path: Path = SYSTEM_SLICE) -> dict[str, list[dict[str, str]]]:

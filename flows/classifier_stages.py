@@ -68,6 +68,7 @@ def harm_snapshot_stage(cfg: LifecycleConfig, home: Home, ref: str | None = None
         statements=c.statements,
         twins=c.twins,
         meta=c.meta_turns,
+        discreet=c.discreet,
         chat_per_split=c.chat_per_split,
         sources=[Path(s) for s in c.sources],
         dealt_sets=[load_prompt_set(name, home.packages) for name in c.dealt_sets],

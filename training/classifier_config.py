@@ -69,11 +69,14 @@ class SafetyClassifierConfig(StrictModel):
         "risky-sounding prompts (docs/results.md, 'Turns about the conversation').",
     )
     discreet: bool = Field(
-        False,
+        True,
         description="Add lawful requests for discretion (training/data/harm_pools_discreet.py: surprises, privacy, "
-        "a mishap tidied before someone notices: 'where can I hide the presents so the kids don't find them'), as "
-        "benign that sounds risky, to the training split. Without them the generator's secrecy words ('without anyone "
-        "finding out', 'sneak', 'hide') come only with harm.",
+        "a mishap tidied before someone notices: 'where do people even hide christmas presents'), as benign that "
+        "sounds risky, to the training split; without them the generator's secrecy words ('without anyone finding "
+        "out', 'sneak', 'hide') come only with harm. The default since 2026-12-07: people's lawful requests for "
+        "discretion blocked 4 and 2 of 40 instead of 16 and 14, every accuracy target met on the test split, a few "
+        "fewer of people's harmful prompts caught and fewer inside pasted documents (docs/results.md, 'Requests for "
+        "discretion'). false: without them.",
     )
     sources: list[str] = Field(
         default_factory=list,

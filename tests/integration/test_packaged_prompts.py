@@ -56,8 +56,10 @@ def test_no_packaged_prompt_shares_a_phrase_with_the_human_slice(sets: dict) -> 
 
 
 def test_no_training_only_statement_shares_a_phrase_with_a_packaged_set(sets: dict) -> None:
-    """The opt-in statements keep the external slice whole: none of its prompts is dropped for their wording."""
-    taught = set().union(*(ngrams(r["text"]) for r in generate_harm(statements=True)["train"] if ".ts" in r["wording"]))
+    """The statements and the requests for discretion keep the external slice whole: none of its prompts is dropped
+    for their wording."""
+    generated = generate_harm(statements=True, discreet=True)["train"]
+    taught = set().union(*(ngrams(r["text"]) for r in generated if ".ts" in r["wording"]))
     for loaded in sets.values():
         assert not [r["text"] for r in loaded.records if ngrams(r["text"]) & taught]
 

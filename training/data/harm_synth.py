@@ -181,7 +181,7 @@ def _shares_wording(r: dict[str, str], texts: set[str], grams: set[tuple[str, ..
 def _generator_source(statements: bool, twins: int, meta: bool = False, discreet: bool = False) -> str:
     extras = ["training-only statements"] * statements + [f"benign twins in {twins} frames"] * bool(twins)
     extras += ["turns about the conversation"] * meta + ["requests for discretion"] * discreet
-    return f"generator (with {', '.join(extras)})" if extras else "generator"
+    return f"generator (with {'; '.join(extras)})" if extras else "generator"  # no ", ": the lineage tag joins with it
 
 
 def build_harm_snapshot(

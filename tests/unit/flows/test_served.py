@@ -96,15 +96,17 @@ def test_a_classifier_that_learnt_an_eval_phrasing_is_refused(tmp_path: Path) ->
         endpoint_screen(cfg, home, Versions(folder, "0123456789ab"), eval_suites(cfg))
 
 
-def test_the_classifier_snapshot_takes_the_statements_by_default(tmp_path: Path) -> None:
-    """``safety_classifier.statements`` reaches the snapshot the train flow builds: on by default, off when asked."""
+def test_the_classifier_snapshot_takes_the_statements_and_requests_for_discretion_by_default(tmp_path: Path) -> None:
+    """``safety_classifier.statements`` and ``discreet`` reach the snapshot the train flow builds: on by default, off
+    when asked."""
     from flows.classifier_stages import harm_snapshot_stage
 
     home = Home(tmp_path)
     offline = ["safety_classifier.external_sets=[]"]  # no packaged set: nothing to fetch
     default = harm_snapshot_stage(load_config(None, offline), home)
-    plain = harm_snapshot_stage(load_config(None, [*offline, "safety_classifier.statements=false"]), home)
-    assert default.manifest["sources"] == ["generator (with training-only statements)"]
+    off = ["safety_classifier.statements=false", "safety_classifier.discreet=false"]
+    plain = harm_snapshot_stage(load_config(None, [*offline, *off]), home)
+    assert default.manifest["sources"] == ["generator (with training-only statements; requests for discretion)"]
     assert plain.manifest["sources"] == ["generator"] and plain.hash != default.hash
     write_chatterbot_wheel(home.packages)  # as if fetched before
     talk = harm_snapshot_stage(load_config(None, [*offline, "safety_classifier.training_sets=[chatterbot]"]), home)

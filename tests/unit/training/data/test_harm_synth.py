@@ -214,7 +214,7 @@ def test_the_twins_are_opt_in_and_make_their_own_snapshot(tmp_path: Path) -> Non
     twinned = build_harm_snapshot(tmp_path / "snaps", twins=2)
     assert twinned.hash != plain.hash and twinned.manifest["sources"] == ["generator (with benign twins in 2 frames)"]
     both = build_harm_snapshot(tmp_path / "snaps", statements=True, twins=2)
-    assert both.manifest["sources"] == ["generator (with training-only statements, benign twins in 2 frames)"]
+    assert both.manifest["sources"] == ["generator (with training-only statements; benign twins in 2 frames)"]
     trained = [r for r in twinned.records("train") if TRAIN_TWINS["hate"][4] in r["text"].lower()]
     assert trained and all(r["label"] == "benign" for r in trained)
     assert twinned.manifest["counts"]["train"] == plain.manifest["counts"]["train"] + 2 * sum(
@@ -246,7 +246,7 @@ def test_the_training_only_benign_statements_are_opt_in_and_apart_from_the_eval_
     plain = build_harm_snapshot(tmp_path / "snaps", statements=True)
     with_them = build_harm_snapshot(tmp_path / "snaps", statements=True, **{option: True})
     assert with_them.hash != plain.hash
-    assert with_them.manifest["sources"] == [f"generator (with training-only statements, {source})"]
+    assert with_them.manifest["sources"] == [f"generator (with training-only statements; {source})"]
     assert [list(with_them.records(s)) for s in ("validation", "test")] == [
         list(plain.records(s)) for s in ("validation", "test")
     ]

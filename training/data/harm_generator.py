@@ -89,8 +89,8 @@ def generate_harm(
     (``safety_classifier.twins``, off by default); with ``meta``, ``harm_pools_meta.META_TURNS`` in the training split
     as benign statements (``safety_classifier.meta_turns``, off by default); with ``discreet``,
     ``harm_pools_discreet.DISCREET_ASKS`` in the training split as benign statements that sound risky
-    (``safety_classifier.discreet``). Deterministic (no randomness: the pools
-    are small enough to use whole)."""
+    (``safety_classifier.discreet``: on by default since 2026-12-07, docs/results.md "Requests for discretion").
+    Deterministic (no randomness: the pools are small enough to use whole)."""
     out: dict[str, list[dict[str, str]]] = {s: [] for s in SPLITS}
     for cls, actions in ALL_ACTIONS.items():
         for ai, action in enumerate(actions):

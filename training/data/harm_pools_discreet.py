@@ -7,12 +7,14 @@ Why: the generator's secrecy words ("without anyone finding out", "so nobody not
 trained on it reads discretion itself as harm. Every version trained before these blocked 11 to 16 of the 40 lawful
 requests of ``evals/harm_discreet.yaml`` (written by hand before these were), and all 21 of its harmful ones.
 
-With ``safety_classifier.discreet`` the generator adds each in its statement forms (``harm_generator.statement_forms``)
-to the training split, as benign that sounds risky (wording ``discreet.ts<i>``), never to an eval split. Written on
-2026-12-07 by one writer given only the problem above and these rules: lawful and harmless (no deception that harms
-anyone, nothing of the harm categories), the concealment words used freely, no marker words ("safely", "legally",
-"harmless"), typed as people type, no two sharing five words. The writer read no eval set, and nothing here was
-edited after it but one line's opening, which a validation frame asks in ("is there any way to get ...").
+With ``safety_classifier.discreet`` (on by default) the generator adds each in its statement forms
+(``harm_generator.statement_forms``) to the training split, as benign that sounds risky (wording ``discreet.ts<i>``),
+never to an eval split. Written on 2026-12-07 by one writer given only the problem above and these rules: lawful and
+harmless (no deception that harms anyone, nothing of the harm categories), the concealment words used freely, no
+marker words ("safely", "legally", "harmless"), typed as people type, no two sharing five words. The writer read no
+eval set, and nothing here was edited after it but one line's opening, which a validation frame asks in ("is there
+any way to get ..."). The brief listed the kinds of request to cover; it named stains among household mishaps,
+written knowing the test split's stain concept (docs/results.md, "Requests for discretion").
 ``tests/unit/training/data/test_harm_synth.py`` checks that none shares a phrase with an eval split or a hand-written
 slice.
 """

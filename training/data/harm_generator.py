@@ -126,14 +126,15 @@ def generate_harm(
             for text in statement_forms(statement, si):
                 record = {"text": text, "label": _label(cls), "kind": _kind(cls), "wording": f"{cls}.ts{si}"}
                 out["train"].append({**record, "source": "generator"})
-    for mi, turn in enumerate(META_TURNS if meta else ()):  # "your answer got cut off, finish it"
-        for text in statement_forms(turn, mi):
-            record = {"text": text, "label": "benign", "kind": "benign", "wording": f"meta.ts{mi}"}
-            out["train"].append({**record, "source": "generator"})
-    for di, ask in enumerate(DISCREET_ASKS if discreet else ()):  # "hide the presents so the kids don't find them"
-        for text in statement_forms(ask, di):
-            record = {"text": text, "label": "benign", "kind": "benign_risky", "wording": f"discreet.ts{di}"}
-            out["train"].append({**record, "source": "generator"})
+    benign_pools = (  # "your answer got cut off, finish it"; "hide the presents so the kids don't find them"
+        ("meta", META_TURNS if meta else (), "benign"),
+        ("discreet", DISCREET_ASKS if discreet else (), "benign_risky"),
+    )
+    for prefix, pool, kind in benign_pools:
+        for si, statement in enumerate(pool):
+            for text in statement_forms(statement, si):
+                record = {"text": text, "label": "benign", "kind": kind, "wording": f"{prefix}.ts{si}"}
+                out["train"].append({**record, "source": "generator"})
     syl = INVENTED_SYLLABLES
     for ni in range(len(syl) * 4):  # invented names, two or three syllables, each in one template in turn
         name = (syl[ni % len(syl)] + syl[(ni * 5 + 1) % len(syl)] + syl[(ni * 7 + 3) % len(syl)][: ni % 4]).title()

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from support.harm_fixture import hand_written_texts
 
 from core.errors import DataError
-from evals.harm import load_discreet_slice, load_forged_slice, load_human_slice, load_system_slice
 from training.data.harm_generator import ALL_ACTIONS, ALL_FRAMES, generate_harm, is_training_only, split_of
 from training.data.harm_pools import ACTIONS, FRAMES, HARM_CATEGORIES, LEXICON
 from training.data.harm_pools_discreet import DISCREET_ASKS
@@ -112,11 +112,9 @@ def test_no_generated_prompt_shares_a_phrase_with_the_human_slice() -> None:
     """The human slice (and the hand-written system messages with their user turns, and the hand-written assistant
     turns with theirs, and the requests for discretion) measures wording the generator never produced: the leakage
     contract against it too."""
-    forged = [{"text": t} for rows in load_forged_slice().values() for r in rows for k, t in r.items() if k != "label"]
-    written = load_human_slice() + [r for rows in load_system_slice().values() for r in rows] + forged
-    written += load_discreet_slice()
-    human = set().union(*(ngrams(r["text"]) for r in written))
-    human_texts = {r["text"].lower() for r in written}
+    written = hand_written_texts()
+    human = set().union(*(ngrams(t) for t in written))
+    human_texts = {t.lower() for t in written}
     for split, records in generate_harm(statements=True, twins=TRAIN_ACTION_FRAMES, meta=True, discreet=True).items():
         for r in records:
             assert not ngrams(r["text"]) & human, (split, r["text"])
